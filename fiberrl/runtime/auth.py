@@ -1,0 +1,58 @@
+"""The run's secret and the mutual HMAC challenge every connection passes
+before any byte it carries is unpickled.
+
+Handshake, once per connection (nng pipe):
+
+    client -> server   HELLO  client_nonce
+    server -> client   CHALLENGE  server_nonce, HMAC(secret, "server" | cn | sn)
+    client -> server   PROOF  HMAC(secret, "client" | sn | cn)
+    server -> client   OK
+
+Each side proves it knows the secret over fresh nonces of the other side,
+so a recorded exchange cannot be replayed.  After it, the connection is
+trusted for its lifetime, as with ``multiprocessing.connection``'s
+``answer_challenge``; no per-message cost.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+SECRET_ENV = "FIBERRL_RUN_SECRET"
+NONCE_BYTES = 32
+_secret: bytes | None = None
+
+
+def run_secret() -> bytes:
+    """This run's secret: inherited from the parent, or made here once."""
+    global _secret
+    if _secret is None:
+        inherited = os.environ.get(SECRET_ENV)
+        if inherited:
+            try:
+                _secret = bytes.fromhex(inherited)
+            except ValueError:
+                raise RuntimeError(f"{SECRET_ENV} must be hex; unset it to let fiberrl make one") from None
+            if len(_secret) < 32:
+                raise RuntimeError(f"{SECRET_ENV} holds {len(_secret)} bytes; at least 32 are required")
+        else:
+            _secret = secrets.token_bytes(32)
+    return _secret
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"server" + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"client" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def verify(expected: bytes, received: bytes) -> bool:
+    return hmac.compare_digest(expected, received)

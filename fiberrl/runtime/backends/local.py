@@ -1,0 +1,89 @@
+"""Local backend: each job is a child OS process on this machine."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import uuid
+from collections import Counter
+
+from .base import Backend, Job, JobSpec, JobStatus
+
+
+def visible_gpus() -> list[str]:
+    """GPUs this process may hand out: its CUDA_VISIBLE_DEVICES, else nvidia-smi's list."""
+    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [d.strip() for d in declared.split(",") if d.strip() and d.strip() != "-1"]
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    return []
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self):
+        self._gpus: list[str] | None = None
+        self._gpu_load: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def listen_host(self) -> str:
+        return "127.0.0.1"
+
+    def _assign_gpus(self, count: int) -> list[str]:
+        with self._lock:
+            if self._gpus is None:
+                self._gpus = visible_gpus()
+            if count > len(self._gpus):
+                raise ValueError(
+                    f"meta(gpu={count}) asks for more GPUs than this machine shows "
+                    f"({len(self._gpus)}: CUDA_VISIBLE_DEVICES or nvidia-smi); lower gpu= or run on a GPU machine")
+            chosen = sorted(self._gpus, key=lambda g: self._gpu_load[g])[:count]
+            self._gpu_load.update(chosen)
+            return chosen
+
+    def _release_gpus(self, job: Job) -> None:
+        with self._lock:
+            for gpu in job.handle.gpus:
+                self._gpu_load[gpu] -= 1
+            job.handle.gpus = []
+
+    def create_job(self, spec: JobSpec) -> Job:
+        env = dict(spec.env)
+        gpus: list[str] = []
+        if spec.gpu:
+            gpus = self._assign_gpus(spec.gpu)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, close_fds=True)
+        popen.gpus = gpus
+        return Job(id=f"local-{popen.pid}-{uuid.uuid4().hex[:6]}", spec=spec, pid=popen.pid,
+                   host="127.0.0.1", handle=popen)
+
+    def status(self, job: Job):
+        code = job.handle.poll()
+        if code is None:
+            return JobStatus.RUNNING, None
+        self._release_gpus(job)
+        return JobStatus.EXITED, code
+
+    def wait(self, job: Job, timeout: float | None = None):
+        try:
+            code = job.handle.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._release_gpus(job)
+        return code
+
+    def terminate(self, job: Job, force: bool = False) -> None:
+        if job.handle.poll() is None:
+            try:
+                job.handle.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+            except ProcessLookupError:
+                pass

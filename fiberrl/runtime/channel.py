@@ -1,0 +1,248 @@
+"""A FIFO of serialised items hosted by the process that created it, and the
+handle any process uses to reach it.  Queues and pipes are built on it.
+
+The owner keeps items as the bytes writers sent and never unpickles them; a
+reader's ``get`` on an empty channel is parked in the owner and answered
+when an item arrives, so a blocked reader costs no polling.  In the owner
+itself the handle works on the channel directly, without a socket.
+"""
+from __future__ import annotations
+
+import queue
+import struct
+import threading
+import time
+from collections import deque
+
+from . import wire
+from .hub import Q_CLOSE, Q_GET, Q_PUT, Q_SIZE, current_hub, get_hub
+from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request
+
+_TIMEOUT = struct.Struct("<d")
+_SIZE = struct.Struct("<q")
+# how much longer than the owner's own deadline a reader waits for its reply
+_REPLY_GRACE = 30.0
+
+
+class ChannelClosed(EOFError):
+    """The writing side closed the channel and every item has been read."""
+
+
+class Channel:
+    def __init__(self, maxsize: int = 0):
+        self.maxsize = maxsize
+        self._items: deque = deque()
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+        self._parked_gets: deque[Request] = deque()
+        self._parked_puts: deque[tuple[Request, object]] = deque()
+        self._closed = False
+
+    def _full(self) -> bool:
+        return 0 < self.maxsize <= len(self._items)
+
+    # --- under self._lock; return the replies to send once unlocked ----
+    def _offer(self, data):
+        while self._parked_gets:
+            request = self._parked_gets.popleft()
+            if request.claim():
+                return [(request, OK, data)]
+        self._items.append(data)
+        self._not_empty.notify()
+        return []
+
+    def _take(self):
+        data = self._items.popleft()
+        replies = []
+        while self._parked_puts and not self._full():
+            request, item = self._parked_puts.popleft()
+            if request.claim():
+                replies.extend(self._offer(item))
+                replies.append((request, OK, b""))
+        self._not_full.notify()
+        return data, replies
+
+    @staticmethod
+    def _send(replies) -> None:
+        for request, status, data in replies:
+            request.reply(status, data, claimed=True)
+
+    # --- in the owner's process -------------------------------------------
+    def put(self, data, timeout: float | None) -> None:
+        with self._lock:
+            if self._full():
+                if not self._not_full.wait_for(lambda: not self._full(), timeout):
+                    raise queue.Full
+            replies = self._offer(data)
+        self._send(replies)
+
+    def get(self, timeout: float | None):
+        with self._lock:
+            if not self._not_empty.wait_for(lambda: self._items or self._closed, timeout):
+                raise queue.Empty
+            if not self._items:
+                raise ChannelClosed
+            data, replies = self._take()
+        self._send(replies)
+        return data
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def close_writer(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._not_empty.notify_all()
+            if self._items:
+                return
+            parked, self._parked_gets = list(self._parked_gets), deque()
+        for request in parked:
+            request.reply(CLOSED)
+
+    # --- requests from other processes ------------------------------------
+    def handle(self, request: Request) -> None:
+        op = request.op
+        if op == Q_GET:
+            self._remote_get(request, _TIMEOUT.unpack_from(request.body)[0])
+        elif op == Q_PUT:
+            self._remote_put(request, _TIMEOUT.unpack_from(request.body)[0], request.body[_TIMEOUT.size:])
+        elif op == Q_SIZE:
+            request.reply(OK, _SIZE.pack(len(self._items)))
+        elif op == Q_CLOSE:
+            self.close_writer()
+            request.reply(OK)
+        else:
+            request.reply(ERROR, b"unknown channel operation")
+
+    def _remote_get(self, request: Request, timeout: float) -> None:
+        with self._lock:
+            if self._items:
+                data, replies = self._take()
+                replies.append((request, OK, data))
+                request.claim()
+            elif self._closed:
+                replies = [(request, CLOSED, b"")] if request.claim() else []
+            elif timeout == 0:
+                replies = [(request, EMPTY, b"")] if request.claim() else []
+            else:
+                self._parked_gets.append(request)
+                replies = []
+                if timeout > 0:
+                    get_hub().call_at(time.monotonic() + timeout, lambda: self._expire(request, EMPTY))
+        self._send(replies)
+
+    def _remote_put(self, request: Request, timeout: float, data) -> None:
+        with self._lock:
+            if not self._full():
+                replies = self._offer(data)
+                replies.append((request, OK, b""))
+                request.claim()
+            elif timeout == 0:
+                replies = [(request, FULL, b"")] if request.claim() else []
+            else:
+                self._parked_puts.append((request, data))
+                replies = []
+                if timeout > 0:
+                    get_hub().call_at(time.monotonic() + timeout, lambda: self._expire(request, FULL))
+        self._send(replies)
+
+    def _expire(self, request: Request, status: int) -> None:
+        if request.claim():
+            with self._lock:
+                self._parked_gets = deque(r for r in self._parked_gets if r is not request)
+                self._parked_puts = deque(p for p in self._parked_puts if p[0] is not request)
+            request.reply(status, claimed=True)
+
+
+class ChannelRef:
+    """A handle on a channel, usable from any process of the run."""
+
+    __slots__ = ("address", "obj_id", "_channel")
+
+    def __init__(self, address: str, obj_id: bytes, channel: Channel | None = None):
+        self.address = address
+        self.obj_id = obj_id
+        self._channel = channel
+
+    def __reduce__(self):
+        return ChannelRef, (self.address, self.obj_id)
+
+    def _local(self) -> Channel | None:
+        if self._channel is None:
+            hub = current_hub()
+            if hub is not None and hub.address == self.address:
+                self._channel = hub.hosted(self.obj_id)
+        return self._channel
+
+    def _request(self, op: int, parts, wait: float | None):
+        try:
+            client = get_hub().client(self.address)
+            status, payload = client.request(op, self.obj_id, parts, timeout=wait)
+        except PeerGone:
+            raise PeerGone(f"the process that created this queue or pipe ({self.address}) is gone") from None
+        except TimeoutError:
+            raise PeerGone(f"the process that created this queue or pipe ({self.address}) stopped answering") from None
+        if status == MISSING:
+            raise PeerGone("this queue or pipe no longer exists: the process that created it dropped every "
+                           "reference to it; keep the object alive in its creator while others use it")
+        if status == ERROR:
+            raise RuntimeError(bytes(payload).decode(errors="replace"))
+        return status, payload
+
+    @staticmethod
+    def _wire_timeout(timeout: float | None) -> tuple[float, float | None]:
+        if timeout is None:
+            return -1.0, None
+        timeout = max(0.0, timeout)
+        return timeout, timeout + _REPLY_GRACE
+
+    def put(self, obj, timeout: float | None = None) -> None:
+        """Serialise and append ``obj``; raise queue.Full after ``timeout``."""
+        parts = wire.dumps(obj)
+        channel = self._local()
+        if channel is not None:
+            channel.put(wire.join(parts), timeout)
+            return
+        wire_timeout, wait = self._wire_timeout(timeout)
+        status, _ = self._request(Q_PUT, [_TIMEOUT.pack(wire_timeout), *parts], wait)
+        if status == FULL:
+            raise queue.Full
+
+    def get(self, timeout: float | None = None):
+        """Remove and return the oldest item; queue.Empty after ``timeout``,
+        ChannelClosed once the writer closed and the channel is drained."""
+        channel = self._local()
+        if channel is not None:
+            return wire.loads(channel.get(timeout))
+        wire_timeout, wait = self._wire_timeout(timeout)
+        status, payload = self._request(Q_GET, [_TIMEOUT.pack(wire_timeout)], wait)
+        if status == EMPTY:
+            raise queue.Empty
+        if status == CLOSED:
+            raise ChannelClosed
+        return wire.loads(payload)
+
+    def qsize(self) -> int:
+        channel = self._local()
+        if channel is not None:
+            return channel.qsize()
+        _, payload = self._request(Q_SIZE, [], _REPLY_GRACE)
+        return _SIZE.unpack_from(payload)[0]
+
+    def close_writer(self) -> None:
+        channel = self._local()
+        if channel is not None:
+            channel.close_writer()
+        else:
+            self._request(Q_CLOSE, [], _REPLY_GRACE)
+
+
+def new_channel(maxsize: int = 0) -> tuple[ChannelRef, Channel]:
+    """Create a channel hosted by this process."""
+    import uuid
+    hub = get_hub()
+    channel = Channel(maxsize)
+    obj_id = uuid.uuid4().bytes
+    hub.host(obj_id, channel)
+    return ChannelRef(hub.address, obj_id, channel), channel

@@ -1,0 +1,76 @@
+"""Entry point of every job-backed process: connect back to the parent,
+fetch the pickled ``Process``, become it, run it, exit with its code."""
+from __future__ import annotations
+
+import multiprocessing.spawn
+import os
+import pickle
+import sys
+import traceback
+
+import cloudpickle
+
+from . import process as process_module
+from .config import get_config
+from .connection import close_active_connections
+from .hub import LAUNCH, REPORT, shutdown_hub
+from .lifeline import watch_parent
+from .transport import OK, Client, PeerGone
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"fiberrl child {os.getpid()}: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    sys.stderr.write(f"{exc.code}\n")
+    return 1
+
+
+def main() -> None:
+    parent_address = os.environ.get(process_module.PARENT_ADDRESS_ENV)
+    process_id = os.environ.pop(process_module.PROCESS_ID_ENV, None)
+    if not parent_address or not process_id:
+        _fail("started without a parent; this module is run by fiberrl.runtime.Process, not by hand")
+    timeout = get_config().start_timeout
+    try:
+        parent = Client(parent_address, connect_timeout=timeout)
+        status, payload = parent.request(LAUNCH, bytes.fromhex(process_id), timeout=timeout)
+    except (PeerGone, PermissionError, TimeoutError) as exc:
+        _fail(f"cannot fetch its task from the parent: {exc}")
+    if status != OK:
+        _fail("the parent has no task for this process (already started, or withdrawn)")
+    watch_parent(parent)
+
+    prep, body = pickle.loads(payload)
+    multiprocessing.spawn.prepare(prep)  # re-import the parent's __main__ as __mp_main__
+    process = cloudpickle.loads(body)
+    process_module._become(process)
+
+    exitcode = 0
+    try:
+        process.run()
+    except SystemExit as exc:
+        exitcode = _exit_code(exc)
+    except BaseException:
+        exitcode = 1
+        report = f"Process {process.name} (pid {os.getpid()}) failed:\n{traceback.format_exc()}"
+        try:
+            parent.request(REPORT, parts=[report.encode()], timeout=10)
+        except (PeerGone, TimeoutError):
+            sys.stderr.write(report)
+    finally:
+        close_active_connections()
+        process_module.stop_children(5.0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        shutdown_hub()
+    # the parent connection closes with the process: closing it first would
+    # look to the lifeline like the parent dying
+    os._exit(exitcode)

@@ -1,0 +1,151 @@
+"""Runtime configuration: defaults < config file < FIBERRL_* environment
+variables < code, resolved on first use (never at import).
+
+    import fiberrl.runtime as mp
+    mp.configure(backend="local", heartbeat_timeout=5)
+
+The file is TOML, ``./fiberrl.toml`` or the path in ``FIBERRL_CONFIG_FILE``,
+with keys at the top level or under ``[runtime]``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "FIBERRL_"
+FILE_ENV = "FIBERRL_CONFIG_FILE"
+DEFAULT_FILE = "fiberrl.toml"
+# variables the runtime hands to its children; not configuration keys
+RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
+                "FIBERRL_RESOLVED_CONFIG", FILE_ENV}
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message says which and why."""
+
+
+@dataclass
+class RuntimeConfig:
+    backend: str = "local"
+    """Where job-backed processes run: local (child OS processes)."""
+    host: str = "127.0.0.1"
+    """Address this process listens on; loopback suits the local backend."""
+    heartbeat_interval: float = 1.0
+    """Seconds between a child's checks that its parent is alive."""
+    heartbeat_timeout: float = 3.0
+    """A child whose parent has not answered for this long exits."""
+    start_timeout: float = 60.0
+    """Seconds a child may take to connect back to its parent after launch."""
+    log_level: str = "WARNING"
+    """Level of the ``fiberrl`` logger."""
+
+
+_KEYS = {f.name: f for f in fields(RuntimeConfig)}
+_config: RuntimeConfig | None = None
+_code_overrides: dict[str, typing.Any] = {}
+
+
+def _convert(key: str, value, source: str):
+    kind = typing.get_type_hints(RuntimeConfig)[key]
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if isinstance(value, bool):
+                return value
+            raise ValueError(value)
+        if kind is float and not isinstance(value, bool):
+            return float(value)
+        if kind is int and not isinstance(value, bool):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if kind is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise ConfigError(f"{source}: {key}={value!r} is not a valid {kind.__name__}")
+
+
+def _check_key(key: str, source: str) -> None:
+    if key not in _KEYS:
+        known = ", ".join(sorted(_KEYS))
+        raise ConfigError(f"{source}: unknown runtime setting {key!r}; known settings: {known}")
+
+
+def _from_file() -> dict:
+    path = os.environ.get(FILE_ENV) or (DEFAULT_FILE if os.path.exists(DEFAULT_FILE) else None)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{FILE_ENV} names {path}, which does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = data.get("runtime", data)
+    out = {}
+    for key, value in data.items():
+        _check_key(key, path)
+        out[key] = _convert(key, value, path)
+    return out
+
+
+def _from_env() -> dict:
+    out = {}
+    for name, value in os.environ.items():
+        if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        _check_key(key, f"environment variable {name}")
+        out[key] = _convert(key, value, f"environment variable {name}")
+    return out
+
+
+def get_config() -> RuntimeConfig:
+    """The resolved configuration of this process (resolved once, then cached)."""
+    global _config
+    if _config is None:
+        inherited = os.environ.get("FIBERRL_RESOLVED_CONFIG")
+        if inherited:
+            # a child takes its parent's resolved settings as they are
+            values = json.loads(inherited)
+        else:
+            values = {**_from_file(), **_from_env()}
+        values.update(_code_overrides)
+        _config = RuntimeConfig(**values)
+    return _config
+
+
+def configure(**settings) -> RuntimeConfig:
+    """Override settings from code (highest precedence).  Settings apply to
+    what is started afterwards."""
+    global _config
+    for key, value in settings.items():
+        _check_key(key, "configure()")
+        _code_overrides[key] = _convert(key, value, "configure()")
+    _config = None
+    return get_config()
+
+
+def reset() -> None:
+    """Forget code overrides and re-resolve on next use (for tests)."""
+    global _config
+    _code_overrides.clear()
+    _config = None
+
+
+def serialize(config: RuntimeConfig) -> str:
+    return json.dumps(dataclasses.asdict(config))

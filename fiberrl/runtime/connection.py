@@ -1,0 +1,157 @@
+"""``Pipe()`` with the ``multiprocessing`` API: two connection objects that
+may be handed to any processes of the run.
+
+Each direction is a channel hosted by the creating process.  ``recv`` raises
+``EOFError`` once the other end has been closed and everything it sent has
+been read.  Closing a handle marks its direction closed when that handle
+was used to send or lives in another process than the creator -- so the
+usual ``child_end.close()`` in the parent after starting the child does not
+cut the child off.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+from .channel import ChannelClosed, ChannelRef, new_channel
+from .hub import current_hub
+
+_NOTHING = object()
+_EOF = object()
+_active: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+
+
+class _Ownership:
+    """Held by the creator's two ends; when both are gone the channels go."""
+
+
+class Connection:
+    def __init__(self, inbox: ChannelRef | None, outbox: ChannelRef | None, owner: _Ownership | None = None):
+        self._inbox = inbox
+        self._outbox = outbox
+        self._owner = owner
+        self._closed = False
+        self._buffered = _NOTHING
+        self._active = owner is None  # rebuilt in another process
+        if self._active:
+            _active.add(self)
+
+    def __reduce__(self):
+        return Connection, (self._inbox, self._outbox)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def readable(self) -> bool:
+        return self._inbox is not None
+
+    @property
+    def writable(self) -> bool:
+        return self._outbox is not None
+
+    def _check(self, readable=False, writable=False):
+        if self._closed:
+            raise OSError("handle is closed")
+        if readable and self._inbox is None:
+            raise OSError("connection is write-only")
+        if writable and self._outbox is None:
+            raise OSError("connection is read-only")
+
+    def send(self, obj) -> None:
+        self._check(writable=True)
+        if not self._active:
+            self._active = True
+            _active.add(self)
+        self._outbox.put(obj)
+
+    def send_bytes(self, buf, offset: int = 0, size: int | None = None) -> None:
+        view = memoryview(buf).cast("B")
+        end = len(view) if size is None else offset + size
+        if offset < 0 or end > len(view) or offset > end:
+            raise ValueError("offset and size out of range for the buffer")
+        self.send(bytes(view[offset:end]))
+
+    def _next(self, timeout):
+        if self._buffered is not _NOTHING:
+            item, self._buffered = self._buffered, _NOTHING
+            return item
+        try:
+            return self._inbox.get(timeout)
+        except ChannelClosed:
+            return _EOF
+
+    def recv(self):
+        self._check(readable=True)
+        item = self._next(None)
+        if item is _EOF:
+            self._buffered = _EOF
+            raise EOFError
+        return item
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        item = self.recv()
+        if not isinstance(item, (bytes, bytearray)):
+            raise TypeError(f"recv_bytes() received a {type(item).__name__}, sent with send(), not send_bytes()")
+        if maxlength is not None and len(item) > maxlength:
+            raise OSError("message too long")
+        return bytes(item)
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        """True if there is something to read (or the other end closed)."""
+        self._check(readable=True)
+        if self._buffered is not _NOTHING:
+            return True
+        import queue
+        try:
+            self._buffered = self._next(timeout)
+        except queue.Empty:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._active and self._outbox is not None:
+            try:
+                self._outbox.close_writer()
+            except ConnectionError:
+                pass  # the creator is gone; nobody is left to tell
+        _active.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
+    """Return two connected ends; with ``duplex=False`` the first only
+    receives and the second only sends."""
+    forward, _ = new_channel()
+    owner = _Ownership()
+    ids = [forward.obj_id]
+    if duplex:
+        backward, _ = new_channel()
+        ids.append(backward.obj_id)
+        ends = Connection(backward, forward, owner), Connection(forward, backward, owner)
+    else:
+        ends = Connection(forward, None, owner), Connection(None, forward, owner)
+    hub = current_hub()
+    weakref.finalize(owner, lambda: [hub.unhost(i) for i in ids])
+    return ends
+
+
+def close_active_connections() -> None:
+    """Close what this process sent on, so readers elsewhere see EOF (run at exit)."""
+    for conn in list(_active):
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+__all__ = ["Connection", "Pipe", "close_active_connections"]

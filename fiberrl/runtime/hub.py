@@ -1,0 +1,182 @@
+"""The per-process hub: one authenticated server that hosts this process's
+queues and pipes and serves its children (launch payloads, heartbeats,
+error reports), plus a cache of client connections to other hubs.
+
+Started on first use -- importing fiberrl opens no socket and starts no
+thread -- and closed at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+
+from .backends import get_backend
+from .config import get_config
+from .transport import MISSING, OK, Client, PeerGone, Request, Server
+
+log = logging.getLogger("fiberrl")
+
+# hub ops (1 and 2 belong to the transport's handshake)
+PING, LAUNCH, REPORT = 3, 4, 5
+Q_PUT, Q_GET, Q_SIZE, Q_CLOSE = 10, 11, 12, 13
+
+
+class Deadlines:
+    """One thread that runs callbacks at given monotonic times."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="fiberrl-deadlines", daemon=True)
+        self._thread.start()
+
+    def at(self, when: float, callback) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (when, next(self._seq), callback))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                if self._closed:
+                    return
+                _, _, callback = heapq.heappop(self._heap)
+            try:
+                callback()
+            except Exception:
+                log.exception("deadline callback failed")
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+
+class Hub:
+    def __init__(self):
+        config = get_config()
+        logging.getLogger("fiberrl").setLevel(config.log_level.upper())
+        self.pid = os.getpid()
+        self._objects: dict[bytes, object] = {}
+        self._launches: dict[bytes, bytes] = {}
+        self._clients: dict[str, Client] = {}
+        self._lock = threading.Lock()
+        self._deadlines: Deadlines | None = None
+        self._server: Server | None = None
+
+    @property
+    def address(self) -> str:
+        """Where other processes reach this hub (the server starts on first use)."""
+        if self._server is None:
+            with self._lock:
+                if self._server is None:
+                    host = get_config().host or get_backend().listen_host()
+                    self._server = Server(host, self._handle)
+        return self._server.address
+
+    # --- hosted objects -------------------------------------------------
+    def host(self, obj_id: bytes, obj) -> None:
+        self._objects[obj_id] = obj
+
+    def unhost(self, obj_id: bytes) -> None:
+        self._objects.pop(obj_id, None)
+
+    def hosted(self, obj_id: bytes):
+        return self._objects.get(obj_id)
+
+    def offer_launch(self, process_id: bytes, payload: bytes) -> None:
+        self._launches[process_id] = payload
+
+    def withdraw_launch(self, process_id: bytes) -> None:
+        self._launches.pop(process_id, None)
+
+    def _handle(self, request: Request) -> None:
+        op = request.op
+        if op == PING:
+            request.reply(OK)
+        elif op == LAUNCH:
+            payload = self._launches.pop(request.obj_id, None)
+            request.reply(MISSING) if payload is None else request.reply(OK, payload)
+        elif op == REPORT:
+            log.error("%s", bytes(request.body).decode(errors="replace"))
+            request.reply(OK)
+        else:
+            obj = self._objects.get(request.obj_id)
+            if obj is None:
+                request.reply(MISSING)
+            else:
+                obj.handle(request)
+
+    # --- outgoing -------------------------------------------------------
+    def client(self, address: str) -> Client:
+        """A live, authenticated connection to the hub at ``address``."""
+        client = self._clients.get(address)
+        if client is not None and client.alive:
+            return client
+        with self._lock:
+            client = self._clients.get(address)
+            if client is None or not client.alive:
+                if client is not None:
+                    client.close()
+                client = Client(address, connect_timeout=get_config().start_timeout)
+                self._clients[address] = client
+            return client
+
+    def call_at(self, when: float, callback) -> None:
+        if self._deadlines is None:
+            with self._lock:
+                if self._deadlines is None:
+                    self._deadlines = Deadlines()
+        self._deadlines.at(when, callback)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for client in list(self._clients.values()):
+            client.close()
+        self._clients.clear()
+        if self._deadlines is not None:
+            self._deadlines.close()
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def get_hub() -> Hub:
+    global _hub
+    hub = _hub
+    if hub is not None and hub.pid == os.getpid():
+        return hub
+    with _hub_lock:
+        if _hub is None or _hub.pid != os.getpid():
+            # a forked child cannot use its parent's nng state: start afresh
+            _hub = Hub()
+            atexit.register(shutdown_hub)
+        return _hub
+
+
+def current_hub() -> Hub | None:
+    hub = _hub
+    return hub if hub is not None and hub.pid == os.getpid() else None
+
+
+def shutdown_hub() -> None:
+    global _hub
+    with _hub_lock:
+        hub, _hub = _hub, None
+    if hub is not None and hub.pid == os.getpid():
+        hub.close()
+
+
+__all__ = ["Hub", "get_hub", "current_hub", "shutdown_hub", "PeerGone"]

@@ -1,0 +1,46 @@
+"""A child's watch on its parent: if the parent goes away the child exits,
+so a parent killed with SIGKILL leaves no orphan behind.
+
+The connection to the parent's hub reports its loss at once (the kernel
+closes a dead process's sockets); a heartbeat catches a parent that hangs
+or a host that vanished without closing anything.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from .config import get_config
+from .hub import PING
+from .transport import Client, PeerGone
+
+ORPHAN_EXIT_CODE = 75
+
+
+def watch_parent(client: Client) -> threading.Thread:
+    config = get_config()
+    thread = threading.Thread(target=_watch, args=(client, config.heartbeat_interval, config.heartbeat_timeout),
+                              name="fiberrl-lifeline", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch(client: Client, interval: float, timeout: float) -> None:
+    while True:
+        client.wait_lost(interval)
+        try:
+            client.request(PING, timeout=timeout)
+        except (PeerGone, TimeoutError) as exc:
+            _die(f"parent at {client.address} is gone ({exc})")
+
+
+def _die(reason: str) -> None:
+    try:
+        sys.stderr.write(f"fiberrl: process {os.getpid()} exits: {reason}\n")
+        sys.stderr.flush()
+        from .process import active_children
+        for child in active_children():
+            child.kill()
+    finally:
+        os._exit(ORPHAN_EXIT_CODE)

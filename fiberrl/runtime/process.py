@@ -1,0 +1,278 @@
+"""Job-backed ``Process`` with the ``multiprocessing`` API.
+
+``start()`` hands the backend a JobSpec whose command starts a fresh Python
+(spawn semantics); the child connects back to this process's hub, proves it
+holds the run's secret, fetches its pickled ``Process`` object (cloudpickle,
+so lambdas and closures work), re-imports ``__main__`` as multiprocessing's
+spawn does, and runs ``run()``.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing.spawn
+import os
+import pickle
+import sys
+import threading
+import uuid
+
+import cloudpickle
+
+from . import auth
+from .backends import JobSpec, JobStatus, get_backend
+from .config import get_config, serialize
+from .hub import get_hub
+from .meta import resources_of
+
+CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
+PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
+PROCESS_ID_ENV = "FIBERRL_PROCESS_ID"
+CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"
+
+_children: set["Process"] = set()
+_children_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+class BaseProcess:
+    """What every process object answers, the main one included."""
+
+    _identity: tuple = ()
+    _name = "MainProcess"
+    _daemon = False
+    _parent_pid: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = str(value)
+
+    @property
+    def daemon(self) -> bool:
+        return self._daemon
+
+    @property
+    def ident(self):
+        return self.pid
+
+
+class _MainProcess(BaseProcess):
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def __repr__(self):
+        return f"<_MainProcess name={self._name!r} pid={self.pid}>"
+
+
+class Process(BaseProcess):
+    _counter = itertools.count(1)
+
+    def __init__(self, group=None, target=None, name=None, args=(), kwargs=None, *, daemon=None):
+        if group is not None:
+            raise ValueError("group must be None (as in multiprocessing)")
+        parent = current_process()
+        self._identity = parent._identity + (next(Process._counter),)
+        self._target = target
+        self._args = tuple(args)
+        self._kwargs = dict(kwargs or {})
+        self._name = name or "Process-" + ":".join(map(str, self._identity))
+        self._daemon = parent.daemon if daemon is None else bool(daemon)
+        self._parent_pid = os.getpid()
+        self._job = None
+        self._backend_name: str | None = None
+        self._pid: int | None = None
+        self._exitcode: int | None = None
+        self._closed = False
+
+    # pickled for the child: everything but the parent-side job handle
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_job"] = None
+        return state
+
+    def run(self) -> None:
+        """What the child runs; override it in a subclass or pass ``target``."""
+        if self._target is not None:
+            self._target(*self._args, **self._kwargs)
+
+    @property
+    def daemon(self) -> bool:
+        return self._daemon
+
+    @daemon.setter
+    def daemon(self, value: bool) -> None:
+        if self._job is not None:
+            raise AssertionError("process has already started")
+        self._daemon = bool(value)
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._job is None:
+            return None
+        if self._exitcode is None:
+            state, code = self._backend().status(self._job)
+            if state is JobStatus.EXITED:
+                self._set_exit(code)
+        return self._exitcode
+
+    def _backend(self):
+        return get_backend(self._backend_name)
+
+    def _set_exit(self, code: int) -> None:
+        self._exitcode = code
+        with _children_lock:
+            _children.discard(self)
+
+    def _check_usable(self):
+        if self._closed:
+            raise ValueError("process object is closed")
+
+    def start(self) -> None:
+        self._check_usable()
+        if self._job is not None:
+            raise AssertionError("cannot start a process twice")
+        if self._parent_pid != os.getpid():
+            raise AssertionError("can only start a process object created by current process")
+        hub = get_hub()
+        process_id = uuid.uuid4().bytes
+        prep = multiprocessing.spawn.get_preparation_data(self._name)
+        prep.pop("authkey", None)
+        try:
+            body = cloudpickle.dumps(self, protocol=5)
+        except Exception as exc:
+            raise TypeError(f"cannot send {self._name}'s target and arguments to its job: {exc}") from exc
+        hub.offer_launch(process_id, pickle.dumps((prep, body), protocol=5))
+        env = dict(os.environ)
+        env.update({
+            auth.SECRET_ENV: auth.run_secret().hex(),
+            PARENT_ADDRESS_ENV: hub.address,
+            PROCESS_ID_ENV: process_id.hex(),
+            CONFIG_ENV: serialize(get_config()),
+        })
+        resources = resources_of(self._target) if self._target is not None else resources_of(type(self).run)
+        spec = JobSpec(command=list(CHILD_COMMAND), name=self._name, env=env, cwd=os.getcwd(), **resources)
+        self._backend_name = get_config().backend
+        try:
+            self._job = self._backend().create_job(spec)
+        except BaseException:
+            hub.withdraw_launch(process_id)
+            raise
+        self._pid = self._job.pid
+        _register_exit_hook()
+        with _children_lock:
+            _children.add(self)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._check_usable()
+        if self._job is None:
+            raise AssertionError("can only join a started process")
+        if self._exitcode is None:
+            code = self._backend().wait(self._job, timeout)
+            if code is not None:
+                self._set_exit(code)
+
+    def is_alive(self) -> bool:
+        self._check_usable()
+        if self._job is None or self._parent_pid != os.getpid():
+            return False
+        return self.exitcode is None
+
+    def terminate(self) -> None:
+        """Ask the child to stop (SIGTERM locally)."""
+        self._check_usable()
+        if self._job is not None:
+            self._backend().terminate(self._job, force=False)
+
+    def kill(self) -> None:
+        """Stop the child at once (SIGKILL locally)."""
+        self._check_usable()
+        if self._job is not None:
+            self._backend().terminate(self._job, force=True)
+
+    def close(self) -> None:
+        if self._job is not None and self.exitcode is None:
+            raise ValueError("cannot close a process while it is still running; join or terminate it first")
+        self._closed = True
+
+    def __repr__(self):
+        if self._job is None:
+            state = "initial"
+        elif self.exitcode is None:
+            state = "started"
+        else:
+            state = f"stopped exitcode={self._exitcode}"
+        daemon = " daemon" if self._daemon else ""
+        return f"<{type(self).__name__} name={self._name!r} pid={self._pid} parent={self._parent_pid} {state}{daemon}>"
+
+
+class _ParentProcess(BaseProcess):
+    def __init__(self, pid: int):
+        self._pid = pid
+        self._name = "Parent"
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+
+_current: BaseProcess = _MainProcess()
+_parent: BaseProcess | None = None
+
+
+def current_process() -> BaseProcess:
+    return _current
+
+
+def parent_process() -> BaseProcess | None:
+    return _parent
+
+
+def _become(process: Process) -> None:
+    """Called in a child: this process is ``process``."""
+    global _current, _parent, _children
+    process._pid = os.getpid()
+    _parent = _ParentProcess(process._parent_pid)
+    _current = process
+    with _children_lock:
+        _children = set()
+
+
+def active_children() -> list[Process]:
+    """Started children that have not exited yet (reaping those that have)."""
+    with _children_lock:
+        children = list(_children)
+    return [p for p in children if p.is_alive()]
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+def stop_children(join_timeout: float | None = None) -> None:
+    """multiprocessing's exit rule: terminate daemonic children, join the others."""
+    for p in active_children():
+        if p.daemon:
+            p.terminate()
+    for p in active_children():
+        p.join(None if not p.daemon else 1.0)
+    for p in active_children():
+        p.kill()
+        p.join(join_timeout)
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        # registered after the hub's own hook, so it runs first: children
+        # still reach the hub while they are joined
+        atexit.register(stop_children, 5.0)

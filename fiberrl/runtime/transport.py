@@ -1,0 +1,212 @@
+"""Authenticated request/reply over nng.
+
+A :class:`Server` is one raw Rep0 socket served by one thread.  Raw mode lets
+a request be parked (a blocking ``get`` on an empty queue) and answered later
+from any thread, so one thread serves any number of waiting clients.
+
+A :class:`Client` is one Req0 socket dialled to one server; each request runs
+in its own nng context, so threads of one process share it.
+
+Wire format -- request: op (1 byte) | object id (16 bytes) | payload;
+reply: status (1 byte) | payload.  Nothing from a connection reaches a
+handler, let alone ``pickle``, before the connection passed the handshake of
+:mod:`fiberrl.runtime.auth`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+
+import pynng
+from pynng import lib
+
+from . import auth, wire
+
+log = logging.getLogger("fiberrl.transport")
+
+# ops the transport itself answers
+HELLO, PROOF = 1, 2
+# reply status
+OK, EMPTY, FULL, ERROR, CLOSED, MISSING, DENIED = range(7)
+NULL_ID = bytes(16)
+_HEAD = 17  # op + object id
+
+
+class PeerGone(ConnectionError):
+    """The process at the other end of a connection went away."""
+
+
+class RemoteError(RuntimeError):
+    """The server could not carry out a request; the message says why."""
+
+
+class Request:
+    """A request being served; answer it exactly once with :meth:`reply`."""
+
+    __slots__ = ("_server", "_header", "op", "obj_id", "body", "pipe_id", "_answered")
+
+    def __init__(self, server, header, body, pipe_id):
+        self._server = server
+        self._header = header
+        self.op = body[0]
+        self.obj_id = bytes(body[1:_HEAD])
+        self.body = memoryview(body)[_HEAD:]
+        self.pipe_id = pipe_id
+        self._answered = threading.Lock()
+
+    def claim(self) -> bool:
+        """Reserve the right to answer; False if someone else already did."""
+        return self._answered.acquire(blocking=False)
+
+    def reply(self, status: int, *parts, claimed: bool = False) -> None:
+        if not claimed and not self.claim():
+            return
+        self._server.send_reply(self._header, status, parts)
+
+
+class Server:
+    def __init__(self, host: str, handler):
+        self._handler = handler
+        self._secret = auth.run_secret()
+        self._sock = pynng.Socket(opener=lib.nng_rep0_open_raw)
+        self._trusted: set[int] = set()
+        self._pending: dict[int, tuple[bytes, bytes]] = {}
+        self._sock.add_post_pipe_remove_cb(self._forget_pipe)
+        listener = self._sock.listen(f"tcp://{host}:0")
+        self.address = str(listener.url if hasattr(listener, "url") else listener.local_address)
+        if not self.address.startswith("tcp://"):
+            self.address = "tcp://" + self.address
+        self._thread = threading.Thread(target=self._serve, name="fiberrl-server", daemon=True)
+        self._thread.start()
+
+    def send_reply(self, header: bytes, status: int, parts) -> None:
+        msg = wire.new_msg([bytes((status,)), *parts], header=header)
+        try:
+            wire.sock_send(self._sock.socket, msg)
+        except pynng.Closed:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _forget_pipe(self, pipe) -> None:
+        self._trusted.discard(pipe.id)
+        self._pending.pop(pipe.id, None)
+
+    def _serve(self) -> None:
+        sock = self._sock.socket
+        while True:
+            try:
+                msg = wire.sock_recv(sock)
+            except pynng.Closed:
+                return
+            pipe = lib.nng_msg_get_pipe(msg)
+            pipe_id = lib.nng_pipe_id(pipe)
+            header = wire.msg_header(msg)
+            body = wire.msg_body(msg)
+            if pipe_id not in self._trusted:
+                self._handshake(pipe, pipe_id, header, body)
+                continue
+            if len(body) < _HEAD:
+                self.send_reply(header, ERROR, [b"malformed request"])
+                continue
+            request = Request(self, header, body, pipe_id)
+            try:
+                self._handler(request)
+            except Exception:
+                log.exception("request op=%d failed", request.op)
+                request.reply(ERROR, traceback.format_exc().encode())
+
+    def _handshake(self, pipe, pipe_id, header, body) -> None:
+        op = body[0] if body else 0
+        if op == HELLO and len(body) == 1 + auth.NONCE_BYTES:
+            client_nonce = bytes(body[1:])
+            server_nonce = auth.new_nonce()
+            self._pending[pipe_id] = (client_nonce, server_nonce)
+            proof = auth.server_proof(self._secret, client_nonce, server_nonce)
+            self.send_reply(header, OK, [server_nonce, proof])
+            return
+        if op == PROOF and pipe_id in self._pending:
+            client_nonce, server_nonce = self._pending.pop(pipe_id)
+            if auth.verify(auth.client_proof(self._secret, server_nonce, client_nonce), bytes(body[1:])):
+                self._trusted.add(pipe_id)
+                self.send_reply(header, OK, [])
+                return
+        log.warning("closed a connection that failed authentication (%d bytes ignored)", len(body))
+        lib.nng_pipe_close(pipe)
+
+
+class Client:
+    def __init__(self, address: str, connect_timeout: float = 10.0):
+        self.address = address
+        self._sock = pynng.Req0(resend_time=-1)
+        self._lost = threading.Event()
+        self._inflight: set = set()
+        self._lock = threading.Lock()
+        self._sock.add_post_pipe_remove_cb(self._on_pipe_removed)
+        try:
+            self._sock.dial(address, block=True)
+        except pynng.NNGException as exc:
+            self._sock.close()
+            raise PeerGone(f"cannot reach {address}: {exc}") from None
+        try:
+            self._authenticate(connect_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return not self._lost.is_set()
+
+    def wait_lost(self, timeout: float) -> bool:
+        """Block until the connection is lost or ``timeout`` passes."""
+        return self._lost.wait(timeout)
+
+    def _on_pipe_removed(self, _pipe) -> None:
+        self._lost.set()
+        with self._lock:
+            for ctx in self._inflight:
+                lib.nng_aio_cancel(ctx._aio)
+
+    def _authenticate(self, timeout: float) -> None:
+        secret = auth.run_secret()
+        client_nonce = auth.new_nonce()
+        status, reply = self._roundtrip([bytes((HELLO,)), client_nonce], timeout)
+        server_nonce, proof = bytes(reply[:auth.NONCE_BYTES]), bytes(reply[auth.NONCE_BYTES:])
+        if status != OK or not auth.verify(auth.server_proof(secret, client_nonce, server_nonce), proof):
+            raise PermissionError(f"{self.address} failed to prove it holds this run's secret")
+        status, _ = self._roundtrip([bytes((PROOF,)), auth.client_proof(secret, server_nonce, client_nonce)], timeout)
+        if status != OK:
+            raise PermissionError(f"{self.address} rejected this process's credentials")
+
+    def request(self, op: int, obj_id: bytes = NULL_ID, parts=(), timeout: float | None = None):
+        """Send a request and return (status, payload).  Raises PeerGone if
+        the server's process goes away, TimeoutError after ``timeout`` s."""
+        return self._roundtrip([bytes((op,)), obj_id, *parts], timeout)
+
+    def _roundtrip(self, parts, timeout):
+        if self._lost.is_set():
+            raise PeerGone(f"lost the connection to {self.address}")
+        ctx = wire.Context(self._sock.socket)
+        with self._lock:
+            self._inflight.add(ctx)
+        try:
+            ctx.send(wire.new_msg(parts))
+            msg = ctx.recv(-1 if timeout is None else int(timeout * 1000))
+        except pynng.Timeout:
+            raise TimeoutError(f"no reply from {self.address} within {timeout} s") from None
+        except (pynng.Canceled, pynng.Closed):
+            raise PeerGone(f"lost the connection to {self.address}") from None
+        finally:
+            with self._lock:
+                self._inflight.discard(ctx)
+            ctx.close()
+        body = wire.msg_body(msg)
+        return body[0], memoryview(body)[1:]
+
+    def close(self) -> None:
+        self._sock.close()

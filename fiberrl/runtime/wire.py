@@ -1,0 +1,148 @@
+"""Serialisation of Python objects into nng messages, and the raw nng calls
+pynng does not expose (context timeouts, message headers).
+
+Objects are pickled with cloudpickle at protocol 5; buffers that support
+out-of-band transfer (numpy arrays among them) are written after the pickle
+stream instead of being copied into it.  On receive the whole message is
+copied once into a bytearray, so arrays come back writable, as they do from
+``multiprocessing``.
+"""
+from __future__ import annotations
+
+import pickle
+import struct
+
+import cloudpickle
+from pynng import ffi, lib
+from pynng.exceptions import check_err
+
+_COUNT = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+
+
+def dumps(obj) -> list:
+    """Serialise ``obj`` into a list of buffers to be concatenated on the wire."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    header = [_COUNT.pack(len(raws)), _LENGTH.pack(len(stream))]
+    header.extend(_LENGTH.pack(r.nbytes) for r in raws)
+    return [b"".join(header), stream, *raws]
+
+
+def loads(data):
+    """Inverse of :func:`dumps` over one contiguous, preferably writable buffer."""
+    view = memoryview(data)
+    (count,) = _COUNT.unpack_from(view, 0)
+    offset = _COUNT.size
+    (stream_len,) = _LENGTH.unpack_from(view, offset)
+    offset += _LENGTH.size
+    lengths = [_LENGTH.unpack_from(view, offset + i * _LENGTH.size)[0] for i in range(count)]
+    offset += count * _LENGTH.size
+    stream = view[offset:offset + stream_len]
+    offset += stream_len
+    buffers = []
+    for n in lengths:
+        buffers.append(view[offset:offset + n])
+        offset += n
+    return pickle.loads(stream, buffers=buffers)
+
+
+def encode(obj) -> bytearray:
+    """Serialise into one contiguous buffer (for storing or nesting)."""
+    return join(dumps(obj))
+
+
+def join(parts) -> bytearray:
+    out = bytearray(sum(memoryview(p).nbytes for p in parts))
+    offset = 0
+    for p in parts:
+        n = memoryview(p).nbytes
+        out[offset:offset + n] = memoryview(p).cast("B")
+        offset += n
+    return out
+
+
+# --- nng messages -----------------------------------------------------------
+
+def new_msg(parts, header: bytes = b""):
+    """Allocate an nng message holding ``parts`` back to back (one copy)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    total = sum(v.nbytes for v in views)
+    msg_p = ffi.new("nng_msg **")
+    check_err(lib.nng_msg_alloc(msg_p, total))
+    msg = msg_p[0]
+    body = ffi.cast("char *", lib.nng_msg_body(msg))
+    offset = 0
+    for v in views:
+        if v.nbytes:
+            ffi.memmove(body + offset, ffi.from_buffer(v), v.nbytes)
+            offset += v.nbytes
+    if header:
+        check_err(lib.nng_msg_header_append(msg, header, len(header)))
+    return msg
+
+
+def msg_body(msg) -> bytearray:
+    """Copy a received message's body into a writable buffer and free it."""
+    try:
+        size = lib.nng_msg_len(msg)
+        return bytearray(ffi.buffer(lib.nng_msg_body(msg), size))
+    finally:
+        lib.nng_msg_free(msg)
+
+
+def msg_header(msg) -> bytes:
+    return bytes(ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg)))
+
+
+def msg_pipe_id(msg) -> int:
+    return lib.nng_pipe_id(lib.nng_msg_get_pipe(msg))
+
+
+def sock_send(sock, msg) -> None:
+    """Send on a socket, freeing ``msg`` on failure."""
+    rv = lib.nng_sendmsg(sock, msg, 0)
+    if rv != 0:
+        lib.nng_msg_free(msg)
+        check_err(rv)
+
+
+def sock_recv(sock):
+    msg_p = ffi.new("nng_msg **")
+    check_err(lib.nng_recvmsg(sock, msg_p, 0))
+    return msg_p[0]
+
+
+class Context:
+    """One outstanding request on a Req0 socket, with a receive timeout."""
+
+    def __init__(self, sock):
+        ctx_p = ffi.new("nng_ctx *")
+        check_err(lib.nng_ctx_open(ctx_p, sock))
+        self._ctx = ctx_p[0]
+        aio_p = ffi.new("nng_aio **")
+        check_err(lib.nng_aio_alloc(aio_p, ffi.NULL, ffi.NULL))
+        self._aio = aio_p[0]
+
+    def send(self, msg) -> None:
+        lib.nng_aio_set_timeout(self._aio, -2)  # NNG_DURATION_DEFAULT
+        lib.nng_aio_set_msg(self._aio, msg)
+        lib.nng_ctx_send(self._ctx, self._aio)
+        lib.nng_aio_wait(self._aio)
+        rv = lib.nng_aio_result(self._aio)
+        if rv != 0:
+            lib.nng_msg_free(msg)
+            check_err(rv)
+
+    def recv(self, timeout_ms: int):
+        """Return the reply message; ``timeout_ms < 0`` waits forever."""
+        lib.nng_aio_set_timeout(self._aio, timeout_ms if timeout_ms >= 0 else -1)
+        lib.nng_ctx_recv(self._ctx, self._aio)
+        lib.nng_aio_wait(self._aio)
+        check_err(lib.nng_aio_result(self._aio))
+        return lib.nng_aio_get_msg(self._aio)
+
+    def close(self) -> None:
+        lib.nng_aio_free(self._aio)
+        lib.nng_ctx_close(self._ctx)

@@ -1,0 +1,49 @@
+import os
+import sys
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_children():
+    yield
+    leftover = mp.active_children()
+    for p in leftover:
+        p.kill()
+        p.join(5)
+    assert not leftover, f"test left children running: {leftover}"
+
+
+@pytest.fixture
+def script_env():
+    """Environment for running a script in a fresh interpreter that imports fiberrl."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    for key in [k for k in env if k.startswith("FIBERRL_")]:
+        del env[key]
+    return env
+
+
+PYTHON = sys.executable

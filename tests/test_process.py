@@ -1,0 +1,140 @@
+"""Job-backed Process on the local backend: lifecycle, exit codes, spawn semantics."""
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from conftest import wait_until
+
+
+def sleeper(seconds):
+    time.sleep(seconds)
+
+
+def exits_with(code):
+    raise SystemExit(code)
+
+
+def raises():
+    raise KeyError("no such thing")
+
+
+def report_identity(q):
+    me = mp.current_process()
+    q.put((me.name, me.pid, os.getpid(), me.daemon, mp.parent_process().pid))
+
+
+class Doubler(mp.Process):
+    def __init__(self, q, x):
+        super().__init__()
+        self.q, self.x = q, x
+
+    def run(self):
+        self.q.put(self.x * 2)
+
+
+def test_lifecycle_and_exitcode():
+    p = mp.Process(target=sleeper, args=(0.3,), name="napper")
+    assert p.name == "napper" and p.pid is None and p.exitcode is None and not p.is_alive()
+    p.start()
+    assert p.pid and p.is_alive() and p in mp.active_children()
+    p.join(timeout=0.01)
+    assert p.is_alive() and p.exitcode is None
+    p.join(timeout=30)
+    assert not p.is_alive() and p.exitcode == 0
+    assert p not in mp.active_children()
+    with pytest.raises(AssertionError):
+        p.start()
+
+
+@pytest.mark.parametrize("code", [0, 3, 17])
+def test_sys_exit_code(code):
+    p = mp.Process(target=exits_with, args=(code,))
+    p.start()
+    p.join(30)
+    assert p.exitcode == code
+
+
+def test_terminate_and_kill_give_signal_exitcodes():
+    a = mp.Process(target=sleeper, args=(60,))
+    b = mp.Process(target=sleeper, args=(60,))
+    a.start(), b.start()
+    assert wait_until(lambda: a.is_alive() and b.is_alive(), 10)
+    time.sleep(0.5)  # let both reach the target
+    a.terminate()
+    b.kill()
+    a.join(30), b.join(30)
+    assert a.exitcode == -signal.SIGTERM
+    assert b.exitcode == -signal.SIGKILL
+
+
+def test_lambda_and_closure_targets():
+    q = mp.Queue()
+    offset = 40
+
+    def closure(x):
+        q.put(x + offset)
+
+    procs = [mp.Process(target=lambda: q.put("lambda")), mp.Process(target=closure, args=(2,))]
+    for p in procs:
+        p.start()
+    got = {q.get(timeout=30), q.get(timeout=30)}
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert got == {"lambda", 42}
+
+
+def test_subclass_run_and_identity():
+    q = mp.Queue()
+    d = Doubler(q, 21)
+    d.start()
+    assert q.get(timeout=30) == 42
+    d.join(30)
+    p = mp.Process(target=report_identity, args=(q,), name="who", daemon=True)
+    p.start()
+    name, pid_seen, os_pid, daemon, parent_pid = q.get(timeout=30)
+    p.join(30)
+    assert (name, daemon, parent_pid) == ("who", True, os.getpid())
+    assert pid_seen == os_pid == p.pid
+
+
+def test_child_exception_exits_nonzero_and_reaches_parent_log(caplog):
+    caplog.set_level(logging.ERROR, logger="fiberrl")
+    p = mp.Process(target=raises, name="faulty")
+    p.start()
+    p.join(30)
+    assert p.exitcode == 1
+    assert wait_until(lambda: "KeyError: 'no such thing'" in caplog.text, 10), caplog.text
+    assert "faulty" in caplog.text and "Traceback" in caplog.text
+
+
+def test_unpicklable_target_is_a_clear_error_at_start():
+    import threading
+    lock = threading.Lock()
+    p = mp.Process(target=print, args=(lock,))
+    with pytest.raises(TypeError, match="cannot send"):
+        p.start()
+    assert mp.active_children() == []
+
+
+def test_main_process_and_cpu_count():
+    me = mp.current_process()
+    assert me.name == "MainProcess" and me.pid == os.getpid()
+    assert mp.parent_process() is None
+    assert mp.cpu_count() == os.cpu_count()
+
+
+def test_close_refuses_running_process():
+    p = mp.Process(target=sleeper, args=(60,))
+    p.start()
+    with pytest.raises(ValueError):
+        p.close()
+    p.kill()
+    p.join(30)
+    p.close()
+    with pytest.raises(ValueError):
+        p.is_alive()

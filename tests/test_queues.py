@@ -1,0 +1,214 @@
+"""Queues and pipes shared by several processes, over real sockets."""
+import queue
+import time
+
+import numpy as np
+import pytest
+
+import fiberrl.runtime as mp
+
+N_PER_WRITER = 200
+
+
+def writer(q, wid, n):
+    for i in range(n):
+        q.put((wid, i))
+
+
+def reader(q, out, n):
+    got = [q.get(timeout=60) for _ in range(n)]
+    out.put(got)
+
+
+def echo_arrays(inbox, outbox):
+    while True:
+        item = inbox.get()
+        if item is None:
+            return
+        item *= 2  # received arrays are writable
+        outbox.put(item)
+
+
+def test_many_writers_many_readers_keep_order_per_writer():
+    q, out = mp.Queue(), mp.Queue()
+    writers, readers = 3, 3
+    total = writers * N_PER_WRITER
+    procs = [mp.Process(target=writer, args=(q, w, N_PER_WRITER)) for w in range(writers)]
+    procs += [mp.Process(target=reader, args=(q, out, total // readers)) for _ in range(readers)]
+    for p in procs:
+        p.start()
+    chunks = [out.get(timeout=120) for _ in range(readers)]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    items = [x for chunk in chunks for x in chunk]
+    assert sorted(items) == sorted((w, i) for w in range(writers) for i in range(N_PER_WRITER))
+    for chunk in chunks:  # each reader sees every writer's items in the order written
+        for w in range(writers):
+            seq = [i for (ww, i) in chunk if ww == w]
+            assert seq == sorted(seq)
+    assert q.empty()
+
+
+def test_get_timeout_and_nonblocking():
+    q = mp.Queue()
+    t = time.monotonic()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.3)
+    assert 0.25 < time.monotonic() - t < 5
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    q.put(1)
+    assert q.get_nowait() == 1
+
+
+def remote_get_with_timeout(q, out):
+    t = time.monotonic()
+    try:
+        q.get(timeout=0.5)
+        out.put("got something")
+    except queue.Empty:
+        out.put(time.monotonic() - t)
+    q.put("late")  # the queue still works after a remote timeout
+
+
+def test_remote_get_timeout_then_queue_still_works():
+    q, out = mp.Queue(), mp.Queue()
+    p = mp.Process(target=remote_get_with_timeout, args=(q, out))
+    p.start()
+    waited = out.get(timeout=30)
+    assert isinstance(waited, float) and 0.45 < waited < 10
+    assert q.get(timeout=30) == "late"
+    p.join(30)
+
+
+def fill_bounded(q, out):
+    q.put(1)
+    q.put(2)
+    try:
+        q.put(3, timeout=0.3)
+        out.put("no Full")
+    except queue.Full:
+        out.put("full")
+    q.put(4)  # blocks until the parent makes room
+
+
+def test_bounded_queue_put_timeout_and_blocking():
+    q, out = mp.Queue(maxsize=2), mp.Queue()
+    p = mp.Process(target=fill_bounded, args=(q, out))
+    p.start()
+    assert out.get(timeout=30) == "full"
+    assert q.full()
+    assert [q.get(timeout=30) for _ in range(3)] == [1, 2, 4]
+    p.join(30)
+    assert p.exitcode == 0
+    local = mp.Queue(maxsize=1)
+    local.put_nowait(0)
+    with pytest.raises(queue.Full):
+        local.put_nowait(1)
+    with pytest.raises(queue.Full):
+        local.put(1, timeout=0.1)
+
+
+def test_numpy_arrays_round_trip_writable():
+    inbox, outbox = mp.Queue(), mp.Queue()
+    p = mp.Process(target=echo_arrays, args=(inbox, outbox))
+    p.start()
+    big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+    inbox.put(big)
+    inbox.put(np.eye(3, dtype=np.int32))
+    got_big, got_eye = outbox.get(timeout=30), outbox.get(timeout=30)
+    inbox.put(None)
+    p.join(30)
+    np.testing.assert_array_equal(got_big, big * 2)
+    np.testing.assert_array_equal(got_eye, np.eye(3, dtype=np.int32) * 2)
+    assert got_big.flags.writeable
+
+
+def pass_queue_on(carrier):
+    inner = carrier.get(timeout=30)
+    inner.put("through a queue")
+
+
+def test_queue_sent_through_a_queue_and_simple_queue():
+    carrier, inner = mp.SimpleQueue(), mp.Queue()
+    p = mp.Process(target=pass_queue_on, args=(carrier,))
+    p.start()
+    carrier.put(inner)
+    assert inner.get(timeout=30) == "through a queue"
+    p.join(30)
+    assert carrier.empty()
+
+
+def test_closed_queue_handle_refuses_use():
+    q = mp.Queue()
+    q.close()
+    with pytest.raises(ValueError):
+        q.put(1)
+
+
+def ping_pong(conn, n):
+    for _ in range(n):
+        conn.send(conn.recv() + 1)
+    conn.close()
+
+
+def test_duplex_pipe_ping_pong_then_eof():
+    a, b = mp.Pipe()
+    p = mp.Process(target=ping_pong, args=(b, 50))
+    p.start()
+    b.close()  # the parent's copy; the child keeps its own
+    x = 0
+    for _ in range(50):
+        a.send(x)
+        x = a.recv() + 1
+    assert x == 100
+    with pytest.raises(EOFError):
+        a.recv()
+    assert a.poll(0)  # EOF counts as readable, as in multiprocessing
+    p.join(30)
+
+
+def slow_send(conn):
+    time.sleep(0.5)
+    conn.send_bytes(b"xxhelloxx", 2, 5)
+
+
+def test_simplex_pipe_poll_timeout_and_bytes():
+    r, w = mp.Pipe(duplex=False)
+    with pytest.raises(OSError):
+        r.send(1)
+    with pytest.raises(OSError):
+        w.recv()
+    p = mp.Process(target=slow_send, args=(w,))
+    p.start()
+    assert r.poll(0) is False
+    t = time.monotonic()
+    assert r.poll(0.1) is False
+    assert time.monotonic() - t >= 0.09
+    assert r.poll(30) is True
+    assert r.recv_bytes() == b"hello"
+    p.join(30)
+    r.close()
+    with pytest.raises(OSError):
+        r.recv()
+
+
+def pipe_between_children_sender(conn):
+    conn.send({"from": "sibling"})
+
+
+def pipe_between_children_receiver(conn, out):
+    out.put(conn.recv())
+
+
+def test_pipe_ends_in_two_children():
+    a, b = mp.Pipe()
+    out = mp.Queue()
+    ps = [mp.Process(target=pipe_between_children_sender, args=(a,)),
+          mp.Process(target=pipe_between_children_receiver, args=(b, out))]
+    for p in ps:
+        p.start()
+    assert out.get(timeout=30) == {"from": "sibling"}
+    for p in ps:
+        p.join(30)
