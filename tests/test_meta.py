@@ -1,0 +1,65 @@
+"""@meta(cpu=, gpu=, mem=) reaches the JobSpec; locally gpu sets CUDA_VISIBLE_DEVICES."""
+import os
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from fiberrl.runtime.backends import get_backend
+
+
+@mp.meta(gpu=1, cpu=2, mem=512)
+def report_devices(q):
+    q.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    time.sleep(0.5)
+
+
+@mp.meta(gpu=5)
+def greedy():
+    pass
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    backend = get_backend("local")
+    monkeypatch.setattr(backend, "_gpus", None)
+    yield
+    backend._gpus = None
+
+
+def test_meta_recorded_in_jobspec_and_gpus_spread(two_gpus):
+    q = mp.Queue()
+    procs = [mp.Process(target=report_devices, args=(q,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    spec = procs[0]._job.spec
+    assert (spec.cpu, spec.gpu, spec.mem) == (2, 1, 512)
+    seen = sorted(q.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert seen == ["0", "1"]  # one device each, not both on the first
+
+
+def test_more_gpus_than_visible_is_a_clear_error(two_gpus):
+    with pytest.raises(ValueError, match=r"meta\(gpu=5\) asks for more GPUs than this machine shows \(2"):
+        mp.Process(target=greedy).start()
+    assert mp.active_children() == []
+
+
+def test_bad_meta_values():
+    with pytest.raises(ValueError, match="gpu=1.5"):
+        mp.meta(gpu=1.5)
+    with pytest.raises(ValueError, match="cpu=-1"):
+        mp.meta(cpu=-1)
+
+
+def test_meta_through_subclass_run():
+    class Worker(mp.Process):
+        @mp.meta(cpu=3)
+        def run(self):
+            pass
+    w = Worker()
+    w.start()
+    assert w._job.spec.cpu == 3
+    w.join(30)

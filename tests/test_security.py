@@ -1,0 +1,153 @@
+"""Nothing from the network is unpickled before its sender proves it holds
+the run's secret; the runtime listens on loopback only."""
+import os
+import socket
+import time
+
+import pynng
+import pytest
+
+import fiberrl.runtime as mp
+from fiberrl.runtime import transport, wire
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(ip, port) of the TCP sockets process ``pid`` listens on, from /proc."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            next(fh)
+            for line in fh:
+                cols = line.split()
+                local, state, inode = cols[1], cols[3], cols[9]
+                if state == "0A" and inode in inodes:
+                    ip_hex, port_hex = local.split(":")
+                    ip = socket.inet_ntop(socket.AF_INET, bytes.fromhex(ip_hex)[::-1]) if len(ip_hex) == 8 else ip_hex
+                    found.append((ip, int(port_hex, 16)))
+    return found
+
+
+class Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def attack(port: int, payload: bytes, queue_ids) -> None:
+    """Everything a local client without the secret might try on one port,
+    even knowing the ids of the queues it wants to poison."""
+    # 1. raw bytes, no nng protocol at all
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(payload)
+            time.sleep(0.05)
+    except ConnectionRefusedError:
+        return  # that process is gone (which the test notices later)
+    body = bytes((transport.HELLO + 20,)) + bytes(16) + payload
+    # 2. speaking nng's request protocol, with the pickle as the request
+    # 3. starting the handshake, then forging its proof, then sending the pickle
+    # 4. putting the pickle into real queues (op 10) without any handshake
+    puts = [bytes((10,)) + qid + bytes(8) + payload for qid in queue_ids]
+    for messages in ([payload, body],
+                     [bytes((transport.HELLO,)) + os.urandom(32), bytes((transport.PROOF,)) + os.urandom(32), *puts],
+                     puts):
+        with pynng.Req0(send_timeout=500, recv_timeout=500) as req:
+            try:
+                req.dial(f"tcp://127.0.0.1:{port}", block=True)
+            except pynng.NNGException:
+                continue
+            for m in messages:
+                try:
+                    req.send(m)
+                    req.recv()
+                except pynng.NNGException:
+                    break
+    # 5. another nng protocol altogether
+    for sock_type in (pynng.Push0, pynng.Pair0, pynng.Pair1):
+        with sock_type(send_timeout=300) as s:
+            try:
+                s.dial(f"tcp://127.0.0.1:{port}", block=True)
+                s.send(payload)
+            except pynng.NNGException:
+                pass
+
+
+def host_queue_in_child(ready, out):
+    mine = mp.Queue()  # the child's own hub now listens too
+    ready.put(("listening", os.getpid(), mine))
+    out.get(timeout=120)
+
+
+def test_rogue_client_never_gets_a_pickle_loaded(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = bytes(wire.join(wire.dumps(Evil(marker))))  # what a real put would carry
+    ready, out = mp.Queue(), mp.Queue()
+    child = mp.Process(target=host_queue_in_child, args=(ready, out))
+    child.start()
+    tag, child_pid, childs_queue = ready.get(timeout=30)
+    assert tag == "listening"
+
+    ports = listening_sockets(os.getpid()) + listening_sockets(child_pid)
+    assert len(ports) >= 2, ports
+    assert all(ip == "127.0.0.1" for ip, _ in ports), f"listening beyond loopback: {ports}"
+    queue_ids = [q._ref.obj_id for q in (ready, out, childs_queue)]
+    for _, port in ports:
+        attack(port, payload, queue_ids)
+    time.sleep(0.5)
+    assert not marker.exists(), "a pickle from an unauthenticated client was loaded"
+
+    # reading the queues would load anything an attacker managed to put there
+    childs_queue.put("still fine")
+    assert childs_queue.get(timeout=30) == "still fine"
+    assert ready.empty()
+    assert not marker.exists(), "a pickle from an unauthenticated client was loaded"
+    out.put("done")
+    child.join(30)
+    assert child.exitcode == 0
+    again = mp.Process(target=os.getpid)
+    again.start()
+    again.join(30)
+    assert again.exitcode == 0
+
+
+def test_wrong_secret_is_refused():
+    """A client holding another secret fails the handshake both ways."""
+    q = mp.Queue()
+    address = q._ref.address
+    from fiberrl.runtime import auth
+    real = auth.run_secret()
+    auth._secret = os.urandom(32)
+    try:
+        with pytest.raises(PermissionError):
+            transport.Client(address, connect_timeout=5)
+    finally:
+        auth._secret = real
+    q.put(1)
+    assert q.get(timeout=5) == 1
+
+
+def report_env_and_argv(out):
+    with open(f"/proc/{os.getpid()}/cmdline", "rb") as fh:
+        cmdline = fh.read()
+    out.put((os.environ.get("FIBERRL_RUN_SECRET"), cmdline))
+
+
+def test_secret_reaches_children_through_environment_only():
+    from fiberrl.runtime import auth
+    out = mp.Queue()
+    p = mp.Process(target=report_env_and_argv, args=(out,))
+    p.start()
+    secret_hex, cmdline = out.get(timeout=30)
+    p.join(30)
+    assert secret_hex == auth.run_secret().hex() and len(bytes.fromhex(secret_hex)) >= 32
+    assert secret_hex.encode() not in cmdline
