@@ -12,6 +12,7 @@ import queue
 import struct
 import threading
 import time
+import uuid
 from collections import deque
 
 from . import wire
@@ -20,6 +21,7 @@ from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Reques
 
 _TIMEOUT = struct.Struct("<d")
 _SIZE = struct.Struct("<q")
+_NO_TIMEOUT = _TIMEOUT.pack(-1.0)
 # how much longer than the owner's own deadline a reader waits for its reply
 _REPLY_GRACE = 30.0
 
@@ -158,15 +160,16 @@ class Channel:
 class ChannelRef:
     """A handle on a channel, usable from any process of the run."""
 
-    __slots__ = ("address", "obj_id", "_channel")
+    __slots__ = ("address", "obj_id", "maxsize", "_channel")
 
-    def __init__(self, address: str, obj_id: bytes, channel: Channel | None = None):
+    def __init__(self, address: str, obj_id: bytes, maxsize: int = 0, channel: Channel | None = None):
         self.address = address
         self.obj_id = obj_id
+        self.maxsize = maxsize
         self._channel = channel
 
     def __reduce__(self):
-        return ChannelRef, (self.address, self.obj_id)
+        return ChannelRef, (self.address, self.obj_id, self.maxsize)
 
     def _local(self) -> Channel | None:
         if self._channel is None:
@@ -198,11 +201,21 @@ class ChannelRef:
         return timeout, timeout + _REPLY_GRACE
 
     def put(self, obj, timeout: float | None = None) -> None:
-        """Serialise and append ``obj``; raise queue.Full after ``timeout``."""
+        """Serialise and append ``obj``; raise queue.Full after ``timeout``.
+
+        Into an unbounded channel of another process the put is pipelined:
+        it returns once sent, and the owner stores items in the order sent.
+        """
         parts = wire.dumps(obj)
         channel = self._local()
         if channel is not None:
             channel.put(wire.join(parts), timeout)
+            return
+        if self.maxsize == 0:
+            try:
+                get_hub().client(self.address).post(Q_PUT, self.obj_id, [_NO_TIMEOUT, *parts])
+            except PeerGone:
+                raise PeerGone(f"the process that created this queue or pipe ({self.address}) is gone") from None
             return
         wire_timeout, wait = self._wire_timeout(timeout)
         status, _ = self._request(Q_PUT, [_TIMEOUT.pack(wire_timeout), *parts], wait)
@@ -237,12 +250,16 @@ class ChannelRef:
         else:
             self._request(Q_CLOSE, [], _REPLY_GRACE)
 
+    def flush(self) -> None:
+        """Wait until every item this process put has been stored by the owner."""
+        if self._local() is None:
+            get_hub().client(self.address).flush()
+
 
 def new_channel(maxsize: int = 0) -> tuple[ChannelRef, Channel]:
     """Create a channel hosted by this process."""
-    import uuid
     hub = get_hub()
     channel = Channel(maxsize)
     obj_id = uuid.uuid4().bytes
     hub.host(obj_id, channel)
-    return ChannelRef(hub.address, obj_id, channel), channel
+    return ChannelRef(hub.address, obj_id, maxsize, channel), channel

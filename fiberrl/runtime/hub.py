@@ -139,7 +139,16 @@ class Hub:
                     self._deadlines = Deadlines()
         self._deadlines.at(when, callback)
 
+    def flush(self) -> None:
+        """Wait until every request posted to other hubs has been served."""
+        for client in list(self._clients.values()):
+            try:
+                client.flush()
+            except Exception as exc:
+                log.warning("could not deliver everything to %s: %s", client.address, exc)
+
     def close(self) -> None:
+        self.flush()
         if self._server is not None:
             self._server.close()
         for client in list(self._clients.values()):

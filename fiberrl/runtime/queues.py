@@ -2,9 +2,10 @@
 by any number of processes of the run (pass them as arguments to children,
 or through another queue).
 
-Items are owned by the creating process; ``put`` returns once the item is
-stored there, so nothing is lost if the writer exits right after (no feeder
-thread to flush: ``join_thread`` and ``cancel_join_thread`` do nothing).
+Items are owned by the creating process.  A ``put`` from another process
+into an unbounded queue is pipelined (it returns once sent, like
+multiprocessing's feeder thread); ``join_thread()`` waits until the owner
+has stored them all, and a job-backed process does so before it exits.
 """
 from __future__ import annotations
 
@@ -71,10 +72,11 @@ class Queue(_QueueBase):
         return self.get(block=False)
 
     def join_thread(self) -> None:
-        """Nothing to wait for: ``put`` returns once the item is stored."""
+        """Wait until every item this process put has reached the queue."""
+        self._ref.flush()
 
     def cancel_join_thread(self) -> None:
-        """Nothing to cancel: there is no feeder thread."""
+        """Accepted for compatibility; a process still delivers its puts before exiting."""
 
 
 def _rebuild(cls, ref: ChannelRef, maxsize: int):

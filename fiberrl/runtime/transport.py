@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+from collections import deque
 
 import pynng
 from pynng import lib
@@ -31,6 +32,8 @@ HELLO, PROOF = 1, 2
 OK, EMPTY, FULL, ERROR, CLOSED, MISSING, DENIED = range(7)
 NULL_ID = bytes(16)
 _HEAD = 17  # op + object id
+# replies to posted requests outstanding at once before a post waits
+POST_WINDOW = 256
 
 
 class PeerGone(ConnectionError):
@@ -146,6 +149,10 @@ class Client:
         self._lost = threading.Event()
         self._inflight: set = set()
         self._lock = threading.Lock()
+        self._idle: list = []
+        self._posted: deque = deque()
+        self._post_lock = threading.Lock()
+        self._post_error: Exception | None = None
         self._sock.add_post_pipe_remove_cb(self._on_pipe_removed)
         try:
             self._sock.dial(address, block=True)
@@ -170,7 +177,7 @@ class Client:
         self._lost.set()
         with self._lock:
             for ctx in self._inflight:
-                lib.nng_aio_cancel(ctx._aio)
+                ctx.cancel()
 
     def _authenticate(self, timeout: float) -> None:
         secret = auth.run_secret()
@@ -188,25 +195,82 @@ class Client:
         the server's process goes away, TimeoutError after ``timeout`` s."""
         return self._roundtrip([bytes((op,)), obj_id, *parts], timeout)
 
+    def post(self, op: int, obj_id: bytes = NULL_ID, parts=()) -> None:
+        """Send a request without waiting for its reply.  Requests from one
+        client are served in the order sent; a failed reply is raised by a
+        later :meth:`post` or :meth:`flush`."""
+        with self._post_lock:
+            self._reap(POST_WINDOW - 1)
+            ctx = self._begin([bytes((op,)), obj_id, *parts])
+            ctx.start_recv()
+            self._posted.append(ctx)
+
+    def flush(self) -> None:
+        """Wait until every posted request has been served."""
+        with self._post_lock:
+            self._reap(0)
+
+    def _reap(self, keep: int) -> None:
+        posted = self._posted
+        while posted and (len(posted) > keep or posted[0].done()):
+            ctx = posted.popleft()
+            try:
+                status, payload = self._end(ctx)
+            except Exception as exc:
+                self._post_error = self._post_error or exc
+                continue
+            if status == MISSING and self._post_error is None:
+                self._post_error = PeerGone(f"a queue or pipe this process wrote to no longer exists at "
+                                            f"{self.address}: its creator dropped every reference to it")
+            elif status != OK and self._post_error is None:
+                self._post_error = RemoteError(f"{self.address} refused a request: "
+                                               f"{bytes(payload).decode(errors='replace')}")
+        if self._post_error is not None:
+            error, self._post_error = self._post_error, None
+            raise error
+
     def _roundtrip(self, parts, timeout):
+        ctx = self._begin(parts)
+        ctx.start_recv(-1 if timeout is None else int(timeout * 1000))
+        return self._end(ctx, timeout)
+
+    def _begin(self, parts):
         if self._lost.is_set():
             raise PeerGone(f"lost the connection to {self.address}")
-        ctx = wire.Context(self._sock.socket)
         with self._lock:
+            ctx = self._idle.pop() if self._idle else wire.Context(self._sock.socket)
             self._inflight.add(ctx)
         try:
             ctx.send(wire.new_msg(parts))
-            msg = ctx.recv(-1 if timeout is None else int(timeout * 1000))
+        except BaseException:
+            self._release(ctx, reuse=False)
+            raise
+        return ctx
+
+    def _end(self, ctx, timeout=None):
+        try:
+            msg = ctx.finish()
         except pynng.Timeout:
+            self._release(ctx, reuse=False)
             raise TimeoutError(f"no reply from {self.address} within {timeout} s") from None
         except (pynng.Canceled, pynng.Closed):
+            self._release(ctx, reuse=False)
             raise PeerGone(f"lost the connection to {self.address}") from None
-        finally:
-            with self._lock:
-                self._inflight.discard(ctx)
-            ctx.close()
+        self._release(ctx, reuse=True)
         body = wire.msg_body(msg)
         return body[0], memoryview(body)[1:]
 
+    def _release(self, ctx, reuse: bool) -> None:
+        with self._lock:
+            self._inflight.discard(ctx)
+            if reuse and len(self._idle) < 64:
+                self._idle.append(ctx)
+                return
+        ctx.close()
+
     def close(self) -> None:
         self._sock.close()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for ctx in idle:
+            ctx.close()

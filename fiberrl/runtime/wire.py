@@ -135,13 +135,27 @@ class Context:
             lib.nng_msg_free(msg)
             check_err(rv)
 
-    def recv(self, timeout_ms: int):
-        """Return the reply message; ``timeout_ms < 0`` waits forever."""
+    def start_recv(self, timeout_ms: int = -1) -> None:
+        """Begin waiting for the reply without blocking; ``timeout_ms < 0`` waits forever."""
         lib.nng_aio_set_timeout(self._aio, timeout_ms if timeout_ms >= 0 else -1)
         lib.nng_ctx_recv(self._ctx, self._aio)
+
+    def done(self) -> bool:
+        return not lib.nng_aio_busy(self._aio)
+
+    def finish(self):
+        """Wait for the reply begun by :meth:`start_recv` and return it."""
         lib.nng_aio_wait(self._aio)
         check_err(lib.nng_aio_result(self._aio))
         return lib.nng_aio_get_msg(self._aio)
+
+    def recv(self, timeout_ms: int):
+        """Return the reply message; ``timeout_ms < 0`` waits forever."""
+        self.start_recv(timeout_ms)
+        return self.finish()
+
+    def cancel(self) -> None:
+        lib.nng_aio_cancel(self._aio)
 
     def close(self) -> None:
         lib.nng_aio_free(self._aio)
