@@ -1,4 +1,5 @@
 """Queues and pipes shared by several processes, over real sockets."""
+import os
 import queue
 import time
 
@@ -212,3 +213,25 @@ def test_pipe_ends_in_two_children():
     assert out.get(timeout=30) == {"from": "sibling"}
     for p in ps:
         p.join(30)
+
+
+def blocked_reader(q, started):
+    started.put(os.getpid())
+    q.get()  # parked in the queue's owner when killed
+
+
+def test_item_not_lost_to_a_reader_that_died_waiting():
+    q, started = mp.Queue(), mp.Queue()
+    victim = mp.Process(target=blocked_reader, args=(q, started))
+    victim.start()
+    started.get(timeout=30)
+    time.sleep(0.5)  # let its get reach the owner and park
+    victim.kill()
+    victim.join(30)
+    time.sleep(0.2)
+    q.put("survives")
+    out = mp.Queue()
+    p = mp.Process(target=reader, args=(q, out, 1))
+    p.start()
+    assert out.get(timeout=30) == ["survives"]
+    p.join(30)

@@ -149,6 +149,18 @@ class Channel:
                     get_hub().call_at(time.monotonic() + timeout, lambda: self._expire(request, FULL))
         self._send(replies)
 
+    def drop_requests_of(self, pipe_id: int) -> None:
+        """Forget the parked requests of a connection that closed."""
+        with self._lock:
+            gone = [r for r in self._parked_gets if r.pipe_id == pipe_id]
+            gone += [r for r, _ in self._parked_puts if r.pipe_id == pipe_id]
+            if not gone:
+                return
+            for request in gone:
+                request.claim()
+            self._parked_gets = deque(r for r in self._parked_gets if r.pipe_id != pipe_id)
+            self._parked_puts = deque(p for p in self._parked_puts if p[0].pipe_id != pipe_id)
+
     def _expire(self, request: Request, status: int) -> None:
         if request.claim():
             with self._lock:

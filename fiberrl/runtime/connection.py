@@ -10,7 +10,7 @@ cut the child off.
 """
 from __future__ import annotations
 
-import os
+import queue
 import weakref
 
 from .channel import ChannelClosed, ChannelRef, new_channel
@@ -103,7 +103,6 @@ class Connection:
         self._check(readable=True)
         if self._buffered is not _NOTHING:
             return True
-        import queue
         try:
             self._buffered = self._next(timeout)
         except queue.Empty:

@@ -81,7 +81,7 @@ class Hub:
             with self._lock:
                 if self._server is None:
                     host = get_config().host or get_backend().listen_host()
-                    self._server = Server(host, self._handle)
+                    self._server = Server(host, self._handle, self._forget_requests_of)
         return self._server.address
 
     # --- hosted objects -------------------------------------------------
@@ -116,6 +116,11 @@ class Hub:
                 request.reply(MISSING)
             else:
                 obj.handle(request)
+
+    def _forget_requests_of(self, pipe_id: int) -> None:
+        # a reply to a process that is gone would be lost with whatever it carries
+        for obj in list(self._objects.values()):
+            obj.drop_requests_of(pipe_id)
 
     # --- outgoing -------------------------------------------------------
     def client(self, address: str) -> Client:

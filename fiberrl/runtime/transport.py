@@ -69,8 +69,11 @@ class Request:
 
 
 class Server:
-    def __init__(self, host: str, handler):
+    def __init__(self, host: str, handler, on_pipe_lost=None):
+        """``handler(request)`` serves each authenticated request;
+        ``on_pipe_lost(pipe_id)`` hears of every closed connection."""
         self._handler = handler
+        self._on_pipe_lost = on_pipe_lost
         self._secret = auth.run_secret()
         self._sock = pynng.Socket(opener=lib.nng_rep0_open_raw)
         self._trusted: set[int] = set()
@@ -96,8 +99,11 @@ class Server:
             self._thread.join(timeout=5)
 
     def _forget_pipe(self, pipe) -> None:
-        self._trusted.discard(pipe.id)
         self._pending.pop(pipe.id, None)
+        if pipe.id in self._trusted:
+            self._trusted.discard(pipe.id)
+            if self._on_pipe_lost is not None:
+                self._on_pipe_lost(pipe.id)
 
     def _serve(self) -> None:
         sock = self._sock.socket
