@@ -71,6 +71,7 @@ class _MainProcess(BaseProcess):
 
 class Process(BaseProcess):
     _counter = itertools.count(1)
+    _resources: dict | None = None  # set by a Pool for its workers
 
     def __init__(self, group=None, target=None, name=None, args=(), kwargs=None, *, daemon=None):
         if group is not None:
@@ -158,7 +159,8 @@ class Process(BaseProcess):
             PROCESS_ID_ENV: process_id.hex(),
             CONFIG_ENV: serialize(get_config()),
         })
-        resources = resources_of(self._target) if self._target is not None else resources_of(type(self).run)
+        resources = self._resources or (resources_of(self._target) if self._target is not None
+                                        else resources_of(type(self).run))
         spec = JobSpec(command=list(CHILD_COMMAND), name=self._name, env=env, cwd=os.getcwd(), **resources)
         self._backend_name = get_config().backend
         try:

@@ -148,6 +148,23 @@ class Server:
         lib.nng_pipe_close(pipe)
 
 
+class Pending:
+    """A request sent by :meth:`Client.ask` whose reply has not been read."""
+
+    __slots__ = ("_client", "_ctx")
+
+    def __init__(self, client, ctx):
+        self._client = client
+        self._ctx = ctx
+
+    def done(self) -> bool:
+        return self._ctx.done()
+
+    def wait(self):
+        """(status, payload) of the reply; PeerGone if the server goes away."""
+        return self._client._end(self._ctx)
+
+
 class Client:
     def __init__(self, address: str, connect_timeout: float = 10.0):
         self.address = address
@@ -200,6 +217,12 @@ class Client:
         """Send a request and return (status, payload).  Raises PeerGone if
         the server's process goes away, TimeoutError after ``timeout`` s."""
         return self._roundtrip([bytes((op,)), obj_id, *parts], timeout)
+
+    def ask(self, op: int, obj_id: bytes = NULL_ID, parts=()) -> "Pending":
+        """Send a request now and collect its reply later with ``wait()``."""
+        ctx = self._begin([bytes((op,)), obj_id, *parts])
+        ctx.start_recv()
+        return Pending(self, ctx)
 
     def post(self, op: int, obj_id: bytes = NULL_ID, parts=()) -> None:
         """Send a request without waiting for its reply.  Requests from one

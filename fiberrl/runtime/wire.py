@@ -63,6 +63,27 @@ def join(parts) -> bytearray:
     return out
 
 
+def frames(parts) -> list:
+    """Prefix ``parts`` with their count and lengths so :func:`split` can cut them apart."""
+    views = [memoryview(p).cast("B") for p in parts]
+    header = [_COUNT.pack(len(views))]
+    header.extend(_LENGTH.pack(v.nbytes) for v in views)
+    return [b"".join(header), *views]
+
+
+def split(data) -> list:
+    """Inverse of :func:`frames`: views on the parts, without copying."""
+    view = memoryview(data)
+    (count,) = _COUNT.unpack_from(view, 0)
+    offset = _COUNT.size + count * _LENGTH.size
+    out = []
+    for i in range(count):
+        (n,) = _LENGTH.unpack_from(view, _COUNT.size + i * _LENGTH.size)
+        out.append(view[offset:offset + n])
+        offset += n
+    return out
+
+
 # --- nng messages -----------------------------------------------------------
 
 def new_msg(parts, header: bytes = b""):

@@ -1,0 +1,165 @@
+"""``Pool`` with the ``multiprocessing.Pool`` API, on job-backed workers.
+
+Beyond multiprocessing: a worker that dies costs nothing (its tasks go to
+others and a new worker replaces it), work starts as soon as the first
+worker is up, ``resize(n)`` changes the number of workers while it runs,
+``imap`` pulls its input lazily, and ``statistics()`` shows what it is doing.
+"""
+from __future__ import annotations
+
+import uuid
+
+from ..hub import get_hub
+from ..meta import resources_of
+from ..process import cpu_count
+from .results import AsyncResult, IMapIterator
+from .scheduler import CLOSE, RUN, TERMINATE, LazyInput, PoolStatistics, Scheduler
+
+
+class Pool:
+    def __init__(self, processes: int | None = None, initializer=None, initargs=(), maxtasksperchild=None,
+                 *, prefetch: int = 2, max_task_crashes: int = 3, worker_resources: dict | None = None):
+        """``prefetch``: chunks a worker holds at once (the running one
+        included); ``max_task_crashes``: how many times a task may be running
+        when its worker dies before it fails with WorkerLostError;
+        ``worker_resources``: dict(cpu=, gpu=, mem=) for each worker's job
+        (default: the initializer's ``@meta``)."""
+        processes = cpu_count() if processes is None else processes
+        if processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if maxtasksperchild is not None and (not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if prefetch < 1 or max_task_crashes < 1:
+            raise ValueError("prefetch and max_task_crashes must be at least 1")
+        resources = worker_resources if worker_resources is not None else resources_of(initializer)
+        self._processes = processes
+        self._scheduler = Scheduler(get_hub(), uuid.uuid4().bytes, processes, initializer, tuple(initargs),
+                                    maxtasksperchild, prefetch, max_task_crashes, resources)
+
+    # --- submitting ---------------------------------------------------------
+    def _job(self, func, items: list, chunksize: int, star: bool, job) -> None:
+        scheduler = self._scheduler
+        if scheduler.state != RUN:
+            raise ValueError("Pool not running")
+        try:
+            func_id = scheduler.function_id(func)
+        except Exception as exc:
+            raise TypeError(f"{job.description}: the function cannot be pickled: {exc!r}") from exc
+        scheduler.submit(scheduler.make_chunks(job, func_id, star, items, chunksize))
+
+    def _chunksize(self, n: int, chunksize: int | None) -> int:
+        if chunksize is None:
+            # multiprocessing's rule: about four chunks per worker
+            chunksize, extra = divmod(n, self._scheduler.target_size * 4)
+            if extra:
+                chunksize += 1
+        if chunksize < 1:
+            raise ValueError(f"chunksize must be at least 1, not {chunksize}")
+        return max(1, chunksize)
+
+    def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None) -> AsyncResult:
+        result = AsyncResult(1, f"apply({_name(func)})", True, callback, error_callback)
+        call = func if not kwds else _CallWithKeywords(func, kwds)
+        self._job(call, [tuple(args)], 1, True, result)
+        return result
+
+    def apply(self, func, args=(), kwds=None):
+        return self.apply_async(func, args, kwds).get()
+
+    def _map_async(self, func, iterable, chunksize, star, callback, error_callback, kind) -> AsyncResult:
+        items = list(iterable)
+        result = AsyncResult(len(items), f"{kind}({_name(func)})", False, callback, error_callback)
+        if items:
+            self._job(func, items, self._chunksize(len(items), chunksize), star, result)
+        return result
+
+    def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None) -> AsyncResult:
+        return self._map_async(func, iterable, chunksize, False, callback, error_callback, "map")
+
+    def map(self, func, iterable, chunksize=None) -> list:
+        return self.map_async(func, iterable, chunksize).get()
+
+    def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None) -> AsyncResult:
+        return self._map_async(func, (tuple(a) for a in iterable), chunksize, True, callback, error_callback,
+                               "starmap")
+
+    def starmap(self, func, iterable, chunksize=None) -> list:
+        return self.starmap_async(func, iterable, chunksize).get()
+
+    def _imap(self, func, iterable, chunksize, ordered: bool) -> IMapIterator:
+        if chunksize < 1:
+            raise ValueError(f"chunksize must be at least 1, not {chunksize}")
+        scheduler = self._scheduler
+        if scheduler.state != RUN:
+            raise ValueError("Pool not running")
+        lookahead = 2 * scheduler._watermark() * chunksize
+        job = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
+        job.on_consumed = scheduler.wake
+        try:
+            func_id = scheduler.function_id(func)
+        except Exception as exc:
+            raise TypeError(f"{job.description}: the function cannot be pickled: {exc!r}") from exc
+        scheduler.submit_lazy(LazyInput(job, iter(iterable), chunksize, func_id, False))
+        return job
+
+    def imap(self, func, iterable, chunksize: int = 1) -> IMapIterator:
+        """Results in input order; the input is read only as workers can take it."""
+        return self._imap(func, iterable, chunksize, True)
+
+    def imap_unordered(self, func, iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(func, iterable, chunksize, False)
+
+    # --- running ------------------------------------------------------------
+    def resize(self, processes: int) -> None:
+        """Grow or shrink the pool while it runs; leaving workers finish what they hold."""
+        if processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        self._scheduler.resize(processes)
+
+    def statistics(self) -> PoolStatistics:
+        return self._scheduler.statistics()
+
+    def close(self) -> None:
+        """No more tasks; workers exit once everything submitted is done."""
+        self._scheduler.close()
+
+    def terminate(self) -> None:
+        """Stop every worker now; results not yet delivered fail with PoolTerminated."""
+        if self._scheduler.state != TERMINATE:
+            self._scheduler.terminate()
+
+    def join(self) -> None:
+        if self._scheduler.state == RUN:
+            raise ValueError("Pool is still running; close() or terminate() it first")
+        if self._scheduler.state == CLOSE:
+            self._scheduler.join()
+
+    def __enter__(self):
+        if self._scheduler.state != RUN:
+            raise ValueError("Pool not running")
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()
+
+    def __repr__(self):
+        return f"<fiberrl Pool state={self._scheduler.state} workers={self._scheduler.target_size}>"
+
+
+class _CallWithKeywords:
+    """``func(*args, **kwds)`` as a picklable callable."""
+
+    def __init__(self, func, kwds):
+        self.func, self.kwds = func, dict(kwds)
+
+    def __call__(self, *args):
+        return self.func(*args, **self.kwds)
+
+
+def _name(func) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
+
+
+__all__ = ["Pool"]

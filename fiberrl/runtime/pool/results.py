@@ -1,0 +1,189 @@
+"""What ``apply_async``/``map_async``/``imap`` return, filled in as chunks
+of results arrive from the workers."""
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a task's exception, as formatted in the worker."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return self.tb
+
+
+class WorkerLostError(RuntimeError):
+    """A task was running each time its worker died, too many times to retry."""
+
+
+class PoolTerminated(RuntimeError):
+    """The pool was terminated before this result arrived."""
+
+
+def with_remote_traceback(exc: BaseException, tb: str | None) -> BaseException:
+    if tb:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+    return exc
+
+
+class Job:
+    """Base of every result object: ``n`` tasks delivered in chunks."""
+
+    def __init__(self, n: int, description: str):
+        self.n = n
+        self.description = description
+        self._cond = threading.Condition()
+
+    def deliver(self, start: int, values: list) -> None:
+        raise NotImplementedError
+
+    def fail(self, start: int, count: int, error: BaseException) -> None:
+        """Tasks ``start .. start+count`` failed together (one chunk)."""
+        raise NotImplementedError
+
+    @property
+    def wants_more(self) -> bool:
+        """Whether a lazy job may pull more input now (imap back-pressure)."""
+        return True
+
+
+class AsyncResult(Job):
+    """Result of ``apply_async`` and ``map_async``, as in multiprocessing."""
+
+    def __init__(self, n: int, description: str, single: bool, callback=None, error_callback=None):
+        super().__init__(n, description)
+        self._single = single
+        self._values: list = [None] * n
+        self._missing = n
+        self._error: BaseException | None = None
+        self._callback = callback
+        self._error_callback = error_callback
+        self._event = threading.Event()
+        if n == 0:
+            self._finish()
+
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        if not self.ready():
+            raise ValueError(f"{self.description} is not ready")
+        return self._error is None
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._event.wait(timeout)
+
+    def get(self, timeout: float | None = None):
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.description} not ready after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._values[0] if self._single else self._values
+
+    def deliver(self, start: int, values: list) -> None:
+        with self._cond:
+            if self._event.is_set():
+                return
+            self._values[start:start + len(values)] = values
+            self._missing -= len(values)
+            done = self._missing == 0
+        if done:
+            self._finish()
+
+    def fail(self, start: int, count: int, error: BaseException) -> None:
+        with self._cond:
+            if self._event.is_set():
+                return
+            self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        self._event.set()
+        try:
+            if self._error is None and self._callback is not None:
+                self._callback(self._values[0] if self._single else self._values)
+            elif self._error is not None and self._error_callback is not None:
+                self._error_callback(self._error)
+        except Exception:
+            import logging
+            logging.getLogger("fiberrl.pool").exception("callback of %s raised", self.description)
+
+
+ApplyResult = MapResult = AsyncResult
+
+
+class IMapIterator(Job):
+    """Lazy results of ``imap`` (in order) or ``imap_unordered``."""
+
+    def __init__(self, description: str, ordered: bool, lookahead: int):
+        super().__init__(-1, description)
+        self._ordered = ordered
+        self._lookahead = lookahead
+        self._ready: dict[int, tuple] = {}
+        self._arrivals: collections.deque = collections.deque()
+        self._next = 0
+        self._submitted = 0
+        self._input_done = False
+        self.on_consumed = None  # the pool's hook to pull more input
+
+    # called by the pool's feeder
+    def submitted(self, count: int, exhausted: bool) -> None:
+        with self._cond:
+            self._submitted += count
+            self._input_done = exhausted
+            self._cond.notify_all()
+
+    @property
+    def wants_more(self) -> bool:
+        return not self._input_done and self._submitted - self._next < self._lookahead
+
+    def deliver(self, start: int, values: list) -> None:
+        self._store([(start + i, True, v, 1) for i, v in enumerate(values)])
+
+    def fail(self, start: int, count: int, error: BaseException) -> None:
+        # the chunk's error stands for all of its tasks, as in multiprocessing
+        self._store([(start, False, error, count)])
+
+    def _store(self, items) -> None:
+        with self._cond:
+            for index, ok, value, weight in items:
+                if self._ordered:
+                    self._ready[index] = (ok, value, weight)
+                else:
+                    self._arrivals.append((ok, value, weight))
+            self._cond.notify_all()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next()
+
+    def next(self, timeout: float | None = None):
+        with self._cond:
+            def available():
+                if self._ordered:
+                    return self._next in self._ready
+                return bool(self._arrivals)
+
+            def finished():
+                return self._input_done and self._next >= self._submitted
+
+            if not self._cond.wait_for(lambda: available() or finished(), timeout):
+                raise TimeoutError(f"{self.description}: no result after {timeout} s")
+            if not available():
+                raise StopIteration
+            ok, value, weight = self._ready.pop(self._next) if self._ordered else self._arrivals.popleft()
+            self._next += weight
+        if self.on_consumed is not None:
+            self.on_consumed()
+        if not ok:
+            raise value
+        return value
+
+    __next__ = next

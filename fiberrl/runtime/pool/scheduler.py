@@ -1,0 +1,509 @@
+"""The master side of a Pool: hands chunks of tasks to workers that ask for
+them, collects results, and replaces workers that die without losing or
+repeating a result.
+
+Threads: the hub's server thread runs :meth:`handle` (workers' requests);
+callers of the Pool API run :meth:`submit`; one manager thread per pool
+starts and replaces workers and pulls lazy (imap) input.  All state is under
+one lock; replies are sent after it is released.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import cloudpickle
+
+from .. import wire
+from ..process import Process
+from ..transport import CLOSED, OK, Request
+from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
+from .worker import W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
+
+log = logging.getLogger("fiberrl.pool")
+RUN, CLOSE, TERMINATE = "run", "close", "terminate"
+# consecutive workers dying before asking for work, after which the pool gives up
+MAX_STARTUP_DEATHS = 3
+
+
+@dataclass
+class PoolStatistics:
+    workers_alive: int
+    workers_starting: int
+    tasks_pending: int
+    tasks_in_flight: int
+    tasks_done: int
+    tasks_failed: int
+    tasks_resubmitted: int
+    worker_restarts: int
+
+
+class Chunk:
+    __slots__ = ("id", "job", "start", "count", "func_id", "star", "args", "crashes")
+
+    def __init__(self, chunk_id, job, start, count, func_id, star, args):
+        self.id, self.job, self.start, self.count = chunk_id, job, start, count
+        self.func_id, self.star, self.args, self.crashes = func_id, star, args, 0
+
+    def name(self) -> str:
+        tasks = f"task {self.start}" if self.count == 1 else f"tasks {self.start}..{self.start + self.count - 1}"
+        return f"{tasks} of {self.job.description}"
+
+
+class Worker:
+    __slots__ = ("id", "process", "pipe_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked")
+
+    def __init__(self, worker_id: int, process: Process):
+        self.id, self.process = worker_id, process
+        self.pipe_id: int | None = None
+        self.parked: Request | None = None
+        self.inflight: deque[Chunk] = deque()
+        self.funcs: set[int] = set()
+        self.tasks_done = 0
+        self.retiring = False
+        self.asked = False
+
+
+class LazyInput:
+    """An imap job whose input is pulled only as workers can take it."""
+
+    def __init__(self, job, iterator, chunksize, func_id, star):
+        self.job, self.iterator, self.chunksize = job, iterator, chunksize
+        self.func_id, self.star, self.next_index = func_id, star, 0
+
+
+class Scheduler:
+    def __init__(self, hub, pool_id: bytes, size: int, initializer, initargs, maxtasksperchild,
+                 prefetch: int, max_task_crashes: int, worker_resources: dict):
+        self._hub, self._pool_id = hub, pool_id
+        self._initializer, self._initargs = initializer, initargs
+        self._maxtasks, self._prefetch, self._max_crashes = maxtasksperchild, prefetch, max_task_crashes
+        self._worker_resources = worker_resources
+        self.target_size = size
+        self.state = RUN
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: deque[Chunk] = deque()
+        self._workers: dict[int, Worker] = {}
+        self._by_pipe: dict[int, Worker] = {}
+        self._idle: dict[Worker, None] = {}  # parked, nothing in flight
+        self._busy: dict[Worker, None] = {}  # parked, room for more
+        self._lost: deque[Worker] = deque()
+        self._lazy: list[LazyInput] = []
+        self._funcs: dict[int, bytes] = {}
+        self._func_ids: dict = {}
+        self._chunk_ids = itertools.count()
+        self._worker_ids = itertools.count()
+        self._startup_deaths = 0
+        self._broken: str | None = None
+        self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
+        hub.host(pool_id, self)
+        self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
+        self._manager.start()
+
+    # --- submitting -------------------------------------------------------
+    def function_id(self, func) -> int:
+        """Pickle ``func`` once per pool; workers fetch it once each."""
+        try:
+            known = self._func_ids.get(func)
+        except TypeError:  # unhashable callable: pickle it every time
+            known = None
+        if known is not None:
+            return known
+        blob = cloudpickle.dumps(func, protocol=5)
+        with self._lock:
+            func_id = len(self._funcs)
+            self._funcs[func_id] = blob
+        try:
+            self._func_ids[func] = func_id
+        except TypeError:
+            pass
+        return func_id
+
+    def make_chunks(self, job: Job, func_id: int, star: bool, items: list, chunksize: int, first: int = 0):
+        """Serialise ``items`` into chunks; a chunk that cannot be pickled fails its job at once."""
+        chunks = []
+        for start in range(0, len(items), chunksize):
+            batch = items[start:start + chunksize]
+            try:
+                args = wire.encode(batch)
+            except Exception as exc:
+                bad = next((i for i, item in enumerate(batch) if not _picklable(item)), 0)
+                job.fail(first + start, len(batch), TypeError(
+                    f"task {first + start + bad} of {job.description}: its arguments cannot be pickled: {exc!r}"))
+                continue
+            chunks.append(Chunk(next(self._chunk_ids), job, first + start, len(batch), func_id, star, args))
+        return chunks
+
+    def submit(self, chunks) -> None:
+        with self._lock:
+            self._check_running()
+            self._pending.extend(chunks)
+            replies = self._dispatch()
+        _send(replies)
+
+    def submit_lazy(self, lazy: LazyInput) -> None:
+        with self._lock:
+            self._check_running()
+            self._lazy.append(lazy)
+            self._wake.notify_all()
+
+    def wake(self) -> None:
+        with self._lock:
+            self._wake.notify_all()
+
+    def _check_running(self) -> None:
+        if self.state != RUN:
+            raise ValueError("Pool not running")
+        if self._broken:
+            raise RuntimeError(self._broken)
+
+    # --- the workers' requests (hub server thread) ------------------------
+    def handle(self, request: Request) -> None:
+        op = request.op
+        if op == W_RESULT or op == W_RESULT_GET:
+            self._on_results(request, ask=op == W_RESULT_GET)
+        elif op == W_GET:
+            with self._lock:
+                replies = self._park(request)
+            _send(replies)
+        elif op == W_HELLO:
+            worker_id = WORKER_ID.unpack_from(request.body)[0]
+            with self._lock:
+                worker = self._workers.get(worker_id)
+                if worker is not None:
+                    worker.pipe_id = request.pipe_id
+                    self._by_pipe[request.pipe_id] = worker
+            request.reply(OK if worker is not None else CLOSED)
+        else:
+            request.reply(CLOSED)
+
+    def _park(self, request: Request) -> list:
+        """A worker asks for work: answer now if there is some, else later."""
+        worker = self._by_pipe.get(request.pipe_id)
+        if worker is None or self.state == TERMINATE:
+            return [(request, CLOSED, [])]
+        worker.parked, worker.asked = request, True
+        self._startup_deaths = 0
+        self._classify(worker)
+        return self._dispatch() + self._retire_if_done(worker)
+
+    def _on_results(self, request: Request, ask: bool) -> None:
+        parts = wire.split(request.body)
+        reports = pickle.loads(parts[0])
+        delivered = []
+        with self._lock:
+            worker = self._by_pipe.get(request.pipe_id)
+            if worker is None:
+                request.reply(CLOSED)
+                return  # from a worker already given up for lost: its chunks went elsewhere
+            for (chunk_id, ok), blob in zip(reports, parts[1:]):
+                chunk = _pop_chunk(worker.inflight, chunk_id)
+                if chunk is None:
+                    continue
+                worker.tasks_done += chunk.count
+                self._counts["in_flight"] -= chunk.count
+                self._counts["done" if ok else "failed"] += chunk.count
+                delivered.append((chunk, ok, blob))
+            if self._maxtasks and worker.tasks_done >= self._maxtasks and not worker.retiring:
+                worker.retiring = True
+                self._wake.notify_all()  # start its successor
+            if ask:
+                replies = self._park(request)
+            else:
+                self._classify(worker)
+                replies = self._dispatch()
+            if self._lazy or not self._pending:
+                self._wake.notify_all()
+        for chunk, ok, blob in delivered:
+            _deliver(chunk, ok, blob)
+        if not ask:
+            request.reply(OK)
+        _send(replies)
+
+    def drop_requests_of(self, pipe_id: int) -> None:
+        """A connection closed (from nng's thread): if it was a worker's, it is lost."""
+        with self._lock:
+            worker = self._by_pipe.pop(pipe_id, None)
+            if worker is not None:
+                self._lost.append(worker)
+                self._wake.notify_all()
+
+    # --- dispatching (under self._lock) -----------------------------------
+    def _classify(self, worker: Worker) -> None:
+        self._idle.pop(worker, None)
+        self._busy.pop(worker, None)
+        if worker.parked is not None and not worker.retiring and len(worker.inflight) < self._prefetch:
+            (self._busy if worker.inflight else self._idle)[worker] = None
+
+    def _dispatch(self) -> list:
+        batches: dict[Worker, list[Chunk]] = {}
+        while self._pending and (self._idle or self._busy):
+            worker = next(iter(self._idle or self._busy))  # idle workers first
+            chunk = self._pending.popleft()
+            worker.inflight.append(chunk)
+            self._counts["in_flight"] += chunk.count
+            batches.setdefault(worker, []).append(chunk)
+            self._classify(worker)
+        replies = []
+        for worker, chunks in batches.items():
+            request, worker.parked = worker.parked, None
+            self._classify(worker)
+            meta, blobs = [], []
+            for chunk in chunks:
+                new_func = chunk.func_id not in worker.funcs
+                if new_func:
+                    worker.funcs.add(chunk.func_id)
+                    blobs.append(self._funcs[chunk.func_id])
+                meta.append((chunk.id, chunk.func_id, new_func, chunk.star))
+                blobs.append(chunk.args)
+            replies.append((request, OK, wire.frames([pickle.dumps(meta), *blobs])))
+        return replies
+
+    def _retire_if_done(self, worker: Worker) -> list:
+        if worker.retiring and not worker.inflight and worker.parked is not None:
+            request, worker.parked = worker.parked, None
+            self._classify(worker)
+            return [(request, CLOSED, [])]
+        return []
+
+    # --- the manager thread -------------------------------------------------
+    def _manage(self) -> None:
+        while True:
+            with self._lock:
+                starting = [w for w in self._workers.values() if w.pipe_id is None]
+                if not self._needs_attention():
+                    self._wake.wait(0.5 if starting else None)
+                if self.state == TERMINATE:
+                    return
+                lost, self._lost = list(self._lost), deque()
+                # workers that died before connecting: backend status is the only witness
+                lost += [w for w in starting if w.process.exitcode is not None and w.id in self._workers]
+            for worker in lost:
+                self._handle_loss(worker)
+            self._start_missing_workers()
+            self._feed()
+            with self._lock:
+                if self.state == CLOSE and self._all_done():
+                    for worker in self._workers.values():
+                        worker.retiring = True
+                    replies = [r for w in list(self._workers.values()) for r in self._retire_if_done(w)]
+                else:
+                    replies = []
+                if self.state == CLOSE and not self._workers:
+                    return
+            _send(replies)
+
+    def _needs_attention(self) -> bool:
+        active = sum(1 for w in self._workers.values() if not w.retiring)
+        feedable = any(lazy.job.wants_more for lazy in self._lazy) and len(self._pending) < self._watermark()
+        return bool(self._lost) or (self.state == RUN and active < self.target_size and not self._broken) \
+            or feedable or self.state == TERMINATE \
+            or (self.state == CLOSE and self._all_done() and any(not w.retiring for w in self._workers.values()))
+
+    def _watermark(self) -> int:
+        return 2 * self._prefetch * max(1, self.target_size)
+
+    def _all_done(self) -> bool:
+        return not self._pending and not self._lazy and not any(w.inflight for w in self._workers.values())
+
+    def _handle_loss(self, worker: Worker) -> None:
+        exitcode = worker.process.exitcode
+        if exitcode is None:
+            worker.process.join(2.0)
+            exitcode = worker.process.exitcode
+        failed = []
+        with self._lock:
+            if self._workers.pop(worker.id, None) is None:
+                return
+            self._by_pipe.pop(worker.pipe_id, None)
+            if worker.parked is not None:
+                worker.parked.claim()  # nobody is left to answer
+                worker.parked = None
+            self._classify(worker)
+            inflight = list(worker.inflight)
+            worker.inflight.clear()
+            if inflight:
+                suspect = inflight[0]  # chunks run in order: the first was running
+                suspect.crashes += 1
+                if suspect.crashes >= self._max_crashes:
+                    failed.append(suspect)
+                    inflight = inflight[1:]
+                self._pending.extendleft(reversed(inflight))
+                self._counts["in_flight"] -= sum(c.count for c in inflight) + sum(c.count for c in failed)
+                self._counts["resubmitted"] += sum(c.count for c in inflight)
+                self._counts["failed"] += sum(c.count for c in failed)
+            expected = worker.retiring and not inflight and not failed and exitcode == 0
+            if not expected:
+                self._counts["restarts"] += 1
+                if not worker.asked:
+                    self._startup_deaths += 1
+                    if self._startup_deaths >= MAX_STARTUP_DEATHS:
+                        self._broken = (f"pool workers keep dying before taking any task (last exit code "
+                                        f"{exitcode}); is the initializer failing? See the log above")
+            replies = self._dispatch()
+        if not expected:
+            log.warning("pool worker %s (pid %s) died with exit code %s%s", worker.process.name,
+                        worker.process.pid, exitcode,
+                        f"; resubmitting {sum(c.count for c in inflight)} task(s)" if inflight else "")
+        for chunk in failed:
+            chunk.job.fail(chunk.start, chunk.count, WorkerLostError(
+                f"{chunk.name()} was running each of the {chunk.crashes} times a worker died "
+                f"(last exit code {exitcode}); not retried again"))
+        if self._broken:
+            self._fail_everything(RuntimeError(self._broken))
+        _send(replies)
+
+    def _start_missing_workers(self) -> None:
+        while True:
+            with self._lock:
+                active = sum(1 for w in self._workers.values() if not w.retiring)
+                if self.state != RUN or self._broken or active >= self.target_size:
+                    return
+                worker_id = next(self._worker_ids)
+                process = Process(target=run_worker, name=f"PoolWorker-{worker_id}", daemon=True,
+                                  args=(self._hub.address, self._pool_id, worker_id, self._initializer,
+                                        self._initargs))
+                process._resources = self._worker_resources
+                self._workers[worker_id] = Worker(worker_id, process)
+            try:
+                process.start()
+            except Exception as exc:
+                with self._lock:
+                    self._workers.pop(worker_id, None)
+                    self._broken = f"cannot start pool workers: {exc}"
+                self._fail_everything(RuntimeError(self._broken))
+                return
+
+    def _feed(self) -> None:
+        """Pull lazy input while workers could use more (runs user iterators, so not under the lock)."""
+        for lazy in list(self._lazy):
+            while lazy.job.wants_more and len(self._pending) < self._watermark():
+                items, exhausted, error = [], False, None
+                try:
+                    for _ in range(lazy.chunksize):
+                        items.append(next(lazy.iterator))
+                except StopIteration:
+                    exhausted = True
+                except Exception as exc:
+                    exhausted, error = True, exc
+                first = lazy.next_index
+                lazy.next_index += len(items)
+                chunks = self.make_chunks(lazy.job, lazy.func_id, lazy.star, items, lazy.chunksize, first)
+                if error is not None:
+                    lazy.job.fail(lazy.next_index, 1, error)
+                    lazy.next_index += 1
+                lazy.job.submitted(lazy.next_index - first, exhausted)
+                with self._lock:
+                    self._pending.extend(chunks)
+                    replies = self._dispatch()
+                    if exhausted:
+                        self._lazy.remove(lazy)
+                _send(replies)
+                if exhausted:
+                    break
+
+    # --- ending -------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self.state == RUN:
+                self.state = CLOSE
+            self._wake.notify_all()
+
+    def join(self) -> None:
+        self._manager.join()
+        for worker in list(self._workers.values()):
+            worker.process.join()
+        self._hub.unhost(self._pool_id)
+
+    def terminate(self) -> None:
+        with self._lock:
+            self.state = TERMINATE
+            self._wake.notify_all()
+        self._manager.join(30)  # no worker is being started after this
+        with self._lock:
+            workers = [w for w in self._workers.values() if w.process.pid is not None]
+        for worker in workers:
+            worker.process.kill()
+        for worker in workers:
+            worker.process.join(10)
+        self._fail_everything(PoolTerminated("the pool was terminated before this result arrived"))
+        self._hub.unhost(self._pool_id)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._lock:
+            chunks = list(self._pending) + [c for w in self._workers.values() for c in w.inflight]
+            self._pending.clear()
+            lazies, self._lazy = self._lazy, []
+        for chunk in chunks:
+            chunk.job.fail(chunk.start, chunk.count, error)
+        for lazy in lazies:
+            lazy.job.fail(lazy.next_index, 1, error)
+            lazy.job.submitted(1, True)
+
+    def resize(self, size: int) -> None:
+        with self._lock:
+            self.target_size = size
+            active = [w for w in self._workers.values() if not w.retiring]
+            # retire the least busy first
+            for worker in sorted(active, key=lambda w: len(w.inflight))[:max(0, len(active) - size)]:
+                worker.retiring = True
+                self._classify(worker)
+            replies = [r for w in list(self._workers.values()) for r in self._retire_if_done(w)]
+            self._wake.notify_all()
+        _send(replies)
+
+    def statistics(self) -> PoolStatistics:
+        with self._lock:
+            workers = list(self._workers.values())
+            return PoolStatistics(
+                workers_alive=sum(1 for w in workers if w.pipe_id is not None),
+                workers_starting=sum(1 for w in workers if w.pipe_id is None),
+                tasks_pending=sum(c.count for c in self._pending),
+                tasks_in_flight=self._counts["in_flight"],
+                tasks_done=self._counts["done"],
+                tasks_failed=self._counts["failed"],
+                tasks_resubmitted=self._counts["resubmitted"],
+                worker_restarts=self._counts["restarts"],
+            )
+
+
+def _send(replies) -> None:
+    for request, status, parts in replies:
+        request.reply(status, *parts)
+
+
+def _pop_chunk(inflight: deque, chunk_id: int):
+    if inflight and inflight[0].id == chunk_id:
+        return inflight.popleft()
+    for chunk in inflight:
+        if chunk.id == chunk_id:
+            inflight.remove(chunk)
+            return chunk
+    return None
+
+
+def _deliver(chunk: Chunk, ok: bool, blob) -> None:
+    try:
+        payload = wire.loads(blob)
+    except Exception as exc:
+        chunk.job.fail(chunk.start, chunk.count,
+                       TypeError(f"the result of {chunk.name()} could not be unpickled here: {exc!r}"))
+        return
+    if ok:
+        chunk.job.deliver(chunk.start, payload)
+    else:
+        exc, tb = payload
+        chunk.job.fail(chunk.start, chunk.count, with_remote_traceback(exc, tb))
+
+
+def _picklable(obj) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,81 @@
+"""The loop every pool worker runs.
+
+Two messages per chunk: the master's reply carries the chunks (up to its
+prefetch when it has a backlog), and the result of the last chunk of a batch
+travels in the worker's next request for work, which the master parks until
+it has more.  Results of earlier chunks of a batch are posted as soon as
+each is done.  Chunks run one after another in the order received, which is
+how the master knows which chunk was running when a worker died.
+"""
+from __future__ import annotations
+
+import pickle
+import struct
+import traceback
+
+import cloudpickle
+
+from .. import wire
+from ..hub import get_hub
+from ..transport import OK
+
+W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
+WORKER_ID = struct.Struct("<q")
+
+
+def encode_error(exc: BaseException) -> bytearray:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        return wire.encode((exc, tb))
+    except Exception:
+        # the exception itself cannot travel: send what it said
+        return wire.encode((RuntimeError(f"{type(exc).__name__}: {exc} (the exception could not be pickled)"), tb))
+
+
+def load_function(blob):
+    try:
+        return cloudpickle.loads(blob)
+    except Exception as exc:
+        message = f"the task function could not be loaded in the worker: {exc!r}"
+
+        def unloadable(*_args):
+            raise RuntimeError(message)
+        return unloadable
+
+
+def run_chunk(func, args_blob, star: bool) -> tuple[bool, bytearray]:
+    try:
+        args_list = wire.loads(args_blob)
+        values = [func(*args) for args in args_list] if star else [func(args) for args in args_list]
+    except BaseException as exc:  # noqa: BLE001 -- a task's SystemExit is its error too
+        return False, encode_error(exc)
+    try:
+        return True, wire.encode(values)
+    except Exception as exc:
+        return False, encode_error(TypeError(f"the result could not be pickled: {exc!r}"))
+
+
+def run_worker(master: str, pool_id: bytes, worker_id: int, initializer, initargs) -> None:
+    client = get_hub().client(master)
+    client.request(W_HELLO, pool_id, [WORKER_ID.pack(worker_id)])
+    if initializer is not None:
+        initializer(*initargs)
+    funcs: dict[int, object] = {}
+    ask = client.ask(W_GET, pool_id)
+    while True:
+        status, payload = ask.wait()
+        if status != OK:
+            break  # the master retires this worker
+        parts = wire.split(payload)
+        batch = pickle.loads(parts[0])
+        blobs = iter(parts[1:])
+        for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
+            if has_func:
+                funcs[func_id] = load_function(next(blobs))
+            ok, blob = run_chunk(funcs[func_id], next(blobs), star)
+            report = wire.frames([pickle.dumps([(chunk_id, ok)]), blob])
+            if i + 1 < len(batch):
+                client.post(W_RESULT, pool_id, report)
+            else:
+                ask = client.ask(W_RESULT_GET, pool_id, report)
+    client.flush()

@@ -1,0 +1,194 @@
+"""Pool: the multiprocessing.Pool API, errors, scheduling and resizing."""
+import itertools
+import os
+import threading
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+
+
+def square(x):
+    return x * x
+
+
+def add(a, b):
+    return a + b
+
+
+def fail_on(x, bad=3):
+    if x == bad:
+        raise ValueError(f"task got {x}")
+    return x
+
+
+def pid_after(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def init_marker(value):
+    global MARKER
+    MARKER = value
+
+
+def read_marker(_):
+    return MARKER
+
+
+def nested_sum(n):
+    with mp.Pool(2) as inner:
+        return sum(inner.map(square, range(n)))
+
+
+def test_map_apply_starmap_imap_and_results():
+    with mp.Pool(3) as pool:
+        assert pool.map(square, range(50)) == [x * x for x in range(50)]
+        assert pool.map(square, range(50), chunksize=7) == [x * x for x in range(50)]
+        assert pool.map(square, []) == []
+        assert pool.starmap(add, [(1, 2), (3, 4)]) == [3, 7]
+        assert pool.apply(add, (2,), {"b": 5}) == 7
+        assert list(pool.imap(square, range(20), chunksize=3)) == [x * x for x in range(20)]
+        assert sorted(pool.imap_unordered(square, range(20))) == sorted(x * x for x in range(20))
+        assert pool.map(lambda x: x + 1, [1, 2]) == [2, 3]
+
+        r = pool.apply_async(pid_after, (0.5,))
+        assert not r.ready()
+        with pytest.raises(ValueError):
+            r.successful()
+        with pytest.raises(TimeoutError):
+            r.get(timeout=0.05)
+        r.wait(30)
+        assert r.ready() and r.successful() and isinstance(r.get(), int)
+
+        seen = []
+        done = threading.Event()
+        pool.map_async(square, range(5), callback=lambda v: (seen.append(v), done.set()))
+        assert done.wait(30) and seen == [[0, 1, 4, 9, 16]]
+
+
+def test_close_join_and_use_after_close():
+    pool = mp.Pool(2)
+    results = pool.map_async(pid_after, [0.2] * 6)
+    pool.close()
+    with pytest.raises(ValueError):
+        pool.apply_async(square, (1,))
+    other = mp.Pool(1)
+    with pytest.raises(ValueError):
+        other.join()  # still running
+    other.terminate()
+    pool.join()
+    assert len(results.get(1)) == 6
+    assert mp.active_children() == []
+
+
+def test_initializer_runs_in_every_worker_and_function_sent_once():
+    with mp.Pool(2, initializer=init_marker, initargs=("ready",)) as pool:
+        assert set(pool.map(read_marker, range(8), chunksize=1)) == {"ready"}
+
+
+def test_several_pools_and_nested_pools():
+    with mp.Pool(2) as a, mp.Pool(2) as b:
+        ra = a.map_async(square, range(10))
+        rb = b.map_async(nested_sum, [3, 4])
+        assert ra.get(60) == [x * x for x in range(10)]
+        assert rb.get(120) == [5, 14]
+
+
+def test_exception_reraised_with_remote_traceback_and_not_retried(tmp_path):
+    with mp.Pool(2) as pool:
+        with pytest.raises(ValueError, match="task got 3") as info:
+            pool.map(fail_on, range(6), chunksize=1)
+        assert "fail_on" in str(info.value.__cause__)  # the worker's traceback
+        errors = []
+        r = pool.apply_async(fail_on, (3,), error_callback=errors.append)
+        with pytest.raises(ValueError):
+            r.get(30)
+        assert not r.successful() and isinstance(errors[0], ValueError)
+        it = pool.imap(fail_on, range(5))
+        assert [next(it), next(it), next(it)] == [0, 1, 2]
+        with pytest.raises(ValueError):
+            next(it)
+        assert list(it) == [4]  # the iterator goes on after a failed task
+        stats = pool.statistics()
+        assert stats.tasks_resubmitted == 0 and stats.worker_restarts == 0
+
+
+def test_unpicklable_arguments_and_results_name_the_task_and_pool_goes_on():
+    lock = threading.Lock()
+    with mp.Pool(2) as pool:
+        with pytest.raises(TypeError, match=r"task 2 of map\(square\): its arguments cannot be pickled"):
+            pool.map(square, [1, 2, lock, 4], chunksize=1)
+        with pytest.raises(TypeError, match="the result could not be pickled"):
+            pool.apply(threading.Lock)
+        with pytest.raises(TypeError, match="the function cannot be pickled"):
+            pool.apply_async(lambda: lock)
+        assert pool.map(square, range(4)) == [0, 1, 4, 9]
+
+
+def test_imap_is_lazy_over_an_endless_generator():
+    pulled = itertools.count()
+
+    def endless():
+        for i in itertools.count():
+            next(pulled)
+            yield i
+
+    with mp.Pool(2) as pool:
+        first = list(itertools.islice(pool.imap(square, endless()), 10))
+        assert first == [x * x for x in range(10)]
+        time.sleep(0.5)
+        assert next(pulled) < 200, "imap read far ahead of what was consumed"
+
+
+def test_work_starts_before_all_workers_are_up_and_resize():
+    with mp.Pool(4) as pool:
+        assert pool.apply(square, (3,), ) == 9
+        deadline = time.monotonic() + 60
+        while pool.statistics().workers_alive < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.statistics().workers_alive == 4
+        pool.resize(1)
+        deadline = time.monotonic() + 60
+        while pool.statistics().workers_alive > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.statistics().workers_alive == 1
+        assert pool.map(square, range(10)) == [x * x for x in range(10)]
+        pool.resize(3)
+        pids = set(pool.map(pid_after, [0.3] * 9, chunksize=1))
+        assert len(pids) >= 2  # the new workers take tasks too
+        assert pool.statistics().worker_restarts == 0
+
+
+def test_no_idle_worker_while_another_has_a_backlog():
+    with mp.Pool(3) as pool:
+        while pool.statistics().workers_alive < 3:
+            time.sleep(0.05)
+        slow = pool.apply_async(pid_after, (2.0,))
+        time.sleep(0.2)
+        start = time.monotonic()
+        quick = pool.map(pid_after, [0.1] * 10, chunksize=1)
+        assert time.monotonic() - start < 1.5, "tasks waited behind the slow one"
+        assert slow.get(30) not in quick
+
+
+def test_maxtasksperchild_replaces_workers():
+    with mp.Pool(1, maxtasksperchild=2) as pool:
+        pids = [pool.apply(pid_after, (0,)) for _ in range(6)]
+        assert len(set(pids)) == 3
+        assert pool.statistics().worker_restarts == 0
+
+
+def test_terminate_fails_pending_results_and_leaves_nothing_behind():
+    before = {t.name for t in threading.enumerate()}
+    pool = mp.Pool(2)
+    r = pool.map_async(pid_after, [5] * 4, chunksize=1)
+    time.sleep(0.5)
+    pool.terminate()
+    with pytest.raises(mp.PoolTerminated):
+        r.get(10)
+    assert [p for p in mp.active_children() if p.name.startswith("PoolWorker")] == []
+    time.sleep(0.2)
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not any(name.startswith("fiberrl-pool") for name in leftover), leftover
