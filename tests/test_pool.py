@@ -192,3 +192,15 @@ def test_terminate_fails_pending_results_and_leaves_nothing_behind():
     time.sleep(0.2)
     leftover = {t.name for t in threading.enumerate()} - before
     assert not any(name.startswith("fiberrl-pool") for name in leftover), leftover
+
+
+def test_dropped_pool_takes_its_workers_with_it():
+    import gc
+    pool = mp.Pool(2)
+    assert pool.map(square, range(4)) == [0, 1, 4, 9]
+    del pool
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while [p for p in mp.active_children() if p.name.startswith("PoolWorker")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in mp.active_children() if p.name.startswith("PoolWorker")] == []

@@ -7,11 +7,13 @@ worker is up, ``resize(n)`` changes the number of workers while it runs,
 """
 from __future__ import annotations
 
+import atexit
 import uuid
+import weakref
 
 from ..hub import get_hub
 from ..meta import resources_of
-from ..process import cpu_count
+from ..process import _register_exit_hook, cpu_count
 from .results import AsyncResult, IMapIterator
 from .scheduler import CLOSE, RUN, TERMINATE, LazyInput, PoolStatistics, Scheduler
 
@@ -37,6 +39,10 @@ class Pool:
         self._processes = processes
         self._scheduler = Scheduler(get_hub(), uuid.uuid4().bytes, processes, initializer, tuple(initargs),
                                     maxtasksperchild, prefetch, max_task_crashes, resources)
+        _live_pools.add(self)
+        _register_pool_exit_hook()
+        # a pool dropped without terminate() takes its workers with it, as in multiprocessing
+        self._finalizer = weakref.finalize(self, self._scheduler.terminate)
 
     # --- submitting ---------------------------------------------------------
     def _job(self, func, items: list, chunksize: int, star: bool, job) -> None:
@@ -128,7 +134,7 @@ class Pool:
     def terminate(self) -> None:
         """Stop every worker now; results not yet delivered fail with PoolTerminated."""
         if self._scheduler.state != TERMINATE:
-            self._scheduler.terminate()
+            self._finalizer()
 
     def join(self) -> None:
         if self._scheduler.state == RUN:
@@ -146,6 +152,25 @@ class Pool:
 
     def __repr__(self):
         return f"<fiberrl Pool state={self._scheduler.state} workers={self._scheduler.target_size}>"
+
+
+_live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+_pool_hook_registered = False
+
+
+def _register_pool_exit_hook() -> None:
+    global _pool_hook_registered
+    if not _pool_hook_registered:
+        _pool_hook_registered = True
+        _register_exit_hook()  # registered first, so the hook below runs before it
+        atexit.register(_terminate_live_pools)
+
+
+def _terminate_live_pools() -> None:
+    """At exit, as multiprocessing does: pools still open are terminated
+    before their workers are, so nobody mourns or replaces the workers."""
+    for pool in list(_live_pools):
+        pool.terminate()
 
 
 class _CallWithKeywords:

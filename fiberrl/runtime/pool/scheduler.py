@@ -422,6 +422,8 @@ class Scheduler:
 
     def terminate(self) -> None:
         with self._lock:
+            if self.state == TERMINATE:
+                return
             self.state = TERMINATE
             self._wake.notify_all()
         self._manager.join(30)  # no worker is being started after this
