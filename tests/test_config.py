@@ -52,7 +52,8 @@ def test_unknown_keys_are_rejected_everywhere(monkeypatch, tmp_path):
 
 def test_bad_values_say_what_was_wrong(monkeypatch, tmp_path):
     monkeypatch.setenv("FIBERRL_HEARTBEAT_TIMEOUT", "soon")
-    with pytest.raises(config.ConfigError, match="FIBERRL_HEARTBEAT_TIMEOUT: heartbeat_timeout='soon' is not a valid float"):
+    with pytest.raises(config.ConfigError,
+                       match="FIBERRL_HEARTBEAT_TIMEOUT: heartbeat_timeout='soon' is not a valid float"):
         config.get_config()
     monkeypatch.delenv("FIBERRL_HEARTBEAT_TIMEOUT")
     with pytest.raises(config.ConfigError, match="log_level=3 is not a valid str"):

@@ -2,7 +2,6 @@
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 

@@ -2,7 +2,6 @@
 import os
 import random
 import signal
-import threading
 import time
 
 import pytest
@@ -37,7 +36,7 @@ def failing_initializer():
     raise RuntimeError("cannot initialise")
 
 
-def workers(pool_procs=None):
+def workers():
     return [p for p in mp.active_children() if p.name.startswith("PoolWorker")]
 
 

@@ -161,9 +161,6 @@ class IMapIterator(Job):
     def __iter__(self):
         return self
 
-    def __next__(self):
-        return self.next()
-
     def next(self, timeout: float | None = None):
         with self._cond:
             def available():

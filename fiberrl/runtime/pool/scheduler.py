@@ -201,7 +201,7 @@ class Scheduler:
             if worker is None:
                 request.reply(CLOSED)
                 return  # from a worker already given up for lost: its chunks went elsewhere
-            for (chunk_id, ok), blob in zip(reports, parts[1:]):
+            for (chunk_id, ok), blob in zip(reports, parts[1:], strict=True):
                 chunk = _pop_chunk(worker.inflight, chunk_id)
                 if chunk is None:
                     continue
