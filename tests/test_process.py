@@ -138,3 +138,19 @@ def test_close_refuses_running_process():
     p.close()
     with pytest.raises(ValueError):
         p.is_alive()
+
+
+def test_target_that_cannot_be_loaded_in_the_child_is_reported(tmp_path, caplog, monkeypatch):
+    import shutil
+    module = tmp_path / "vanishing_module.py"
+    module.write_text("def target():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import vanishing_module
+    caplog.set_level(logging.ERROR, logger="fiberrl")
+    p = mp.Process(target=vanishing_module.target, name="orphaned-target")
+    module.unlink()  # pickled by reference here, but the child cannot import it any more
+    shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 1
+    assert wait_until(lambda: "could not load its target" in caplog.text, 10), caplog.text

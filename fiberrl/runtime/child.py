@@ -33,6 +33,14 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _report(parent: Client, report: str) -> None:
+    """Log ``report`` in the parent; print it here if the parent cannot hear."""
+    try:
+        parent.request(REPORT, parts=[report.encode()], timeout=10)
+    except (PeerGone, TimeoutError):
+        sys.stderr.write(report)
+
+
 def main() -> None:
     parent_address = os.environ.get(process_module.PARENT_ADDRESS_ENV)
     process_id = os.environ.pop(process_module.PROCESS_ID_ENV, None)
@@ -49,8 +57,13 @@ def main() -> None:
     watch_parent(parent)
 
     prep, body = pickle.loads(payload)
-    multiprocessing.spawn.prepare(prep)  # re-import the parent's __main__ as __mp_main__
-    process = cloudpickle.loads(body)
+    try:
+        multiprocessing.spawn.prepare(prep)  # re-import the parent's __main__ as __mp_main__
+        process = cloudpickle.loads(body)
+    except BaseException:
+        _report(parent, f"Process {prep.get('name', '?')} (pid {os.getpid()}) could not load its target "
+                        f"(is it importable in the child?):\n{traceback.format_exc()}")
+        os._exit(1)
     process_module._become(process)
 
     exitcode = 0
@@ -60,11 +73,7 @@ def main() -> None:
         exitcode = _exit_code(exc)
     except BaseException:
         exitcode = 1
-        report = f"Process {process.name} (pid {os.getpid()}) failed:\n{traceback.format_exc()}"
-        try:
-            parent.request(REPORT, parts=[report.encode()], timeout=10)
-        except (PeerGone, TimeoutError):
-            sys.stderr.write(report)
+        _report(parent, f"Process {process.name} (pid {os.getpid()}) failed:\n{traceback.format_exc()}")
     finally:
         close_active_connections()
         process_module.stop_children(5.0)
