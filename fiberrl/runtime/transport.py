@@ -34,6 +34,8 @@ NULL_ID = bytes(16)
 _HEAD = 17  # op + object id
 # replies to posted requests outstanding at once before a post waits
 POST_WINDOW = 256
+# posted requests are answered at once (never parked): a missing answer means a stuck peer
+POST_REPLY_TIMEOUT_MS = 30_000
 
 
 class PeerGone(ConnectionError):
@@ -231,7 +233,7 @@ class Client:
         with self._post_lock:
             self._reap(POST_WINDOW - 1)
             ctx = self._begin([bytes((op,)), obj_id, *parts])
-            ctx.start_recv()
+            ctx.start_recv(POST_REPLY_TIMEOUT_MS)
             self._posted.append(ctx)
 
     def flush(self) -> None:
@@ -244,7 +246,7 @@ class Client:
         while posted and (len(posted) > keep or posted[0].done()):
             ctx = posted.popleft()
             try:
-                status, payload = self._end(ctx)
+                status, payload = self._end(ctx, POST_REPLY_TIMEOUT_MS / 1000)
             except Exception as exc:
                 self._post_error = self._post_error or exc
                 continue
