@@ -18,84 +18,59 @@ import fiberrl.runtime as frl
 MB = 1 << 20
 
 
-def pipe_echo(conn):
-    while True:
-        item = conn.recv()
-        if item is None:
-            return
-        conn.send(item)
+def _put(end, item):
+    (end.send if hasattr(end, "send") else end.put)(item)
 
 
-def queue_echo(inbox, outbox):
-    while True:
-        item = inbox.get()
-        if item is None:
-            return
-        outbox.put(item)
+def _take(end):
+    return end.recv() if hasattr(end, "recv") else end.get()
 
 
-def queue_produce(outbox, item, n):
-    for _ in range(n):
-        outbox.put(item)
-
-
-def pipe_produce(conn, item, n):
-    for _ in range(n):
-        conn.send(item)
-
-
-def pipe_rtt(lib, item, n):
-    a, b = lib.Pipe()
-    p = lib.Process(target=pipe_echo, args=(b,))
-    p.start()
-    a.send(item), a.recv()  # warm up the connection
-    t = time.perf_counter()
-    for _ in range(n):
-        a.send(item)
-        a.recv()
-    elapsed = time.perf_counter() - t
-    a.send(None)
-    p.join()
-    return elapsed / n
-
-
-def queue_rtt(lib, item, n):
+def endpoints(lib, kind: str):
+    """(this process's way in, its way out, the child's two ends) over a
+    duplex Pipe or over a pair of Queues."""
+    if kind == "Pipe":
+        a, b = lib.Pipe()
+        return a, a, (b, b)
     inbox, outbox = lib.Queue(), lib.Queue()
-    p = lib.Process(target=queue_echo, args=(inbox, outbox))
+    return inbox, outbox, (inbox, outbox)
+
+
+def echo(inbox, outbox):
+    while (item := _take(inbox)) is not None:
+        _put(outbox, item)
+
+
+def produce(_inbox, outbox, item, n):
+    for _ in range(n):
+        _put(outbox, item)
+
+
+def round_trip(lib, kind, item, n):
+    """Seconds per round trip through a child that echoes."""
+    to_child, from_child, child_ends = endpoints(lib, kind)
+    p = lib.Process(target=echo, args=child_ends)
     p.start()
-    inbox.put(item), outbox.get()
+    _put(to_child, item), _take(from_child)  # warm up the connection
     t = time.perf_counter()
     for _ in range(n):
-        inbox.put(item)
-        outbox.get()
+        _put(to_child, item)
+        _take(from_child)
     elapsed = time.perf_counter() - t
-    inbox.put(None)
+    _put(to_child, None)
     p.join()
     return elapsed / n
 
 
-def queue_stream(lib, item, n):
+def stream(lib, kind, item, n):
     """Items per second from a child to this process."""
-    outbox = lib.Queue()
-    p = lib.Process(target=queue_produce, args=(outbox, item, n + 1))
+    _, from_child, child_ends = endpoints(lib, kind)
+    p = lib.Process(target=produce, args=(*child_ends, item, n + 1))
     p.start()
-    outbox.get()
+    _take(from_child)
     t = time.perf_counter()
     for _ in range(n):
-        outbox.get()
-    elapsed = time.perf_counter() - t
-    p.join()
-    return n / elapsed
-
-
-def pipe_stream(lib, item, n):
-    a, b = lib.Pipe()
-    p = lib.Process(target=pipe_produce, args=(b, item, n + 1))
-    p.start()
-    a.recv()
-    t = time.perf_counter()
-    for _ in range(n):
-        a.recv()
+        _take(from_child)
     elapsed = time.perf_counter() - t
     p.join()
     return n / elapsed
@@ -134,20 +109,18 @@ def main():
     big = np.random.default_rng(0).random(MB // 8)  # 1 MiB of float64
     mp = multiprocessing.get_context("spawn")
 
-    rows = []
-    for label, fn, item, n, unit in [
-        ("Pipe round trip, 64 B", pipe_rtt, small, small_n, "us"),
-        ("Pipe round trip, 1 MiB array", pipe_rtt, big, big_n, "us"),
-        ("Queue round trip, 64 B", queue_rtt, small, small_n, "us"),
-        ("Queue round trip, 1 MiB array", queue_rtt, big, big_n, "us"),
-        ("Pipe stream child->parent, 64 B", pipe_stream, small, small_n * 3, "msg/s"),
-        ("Queue stream child->parent, 64 B", queue_stream, small, small_n * 3, "msg/s"),
-        ("Queue stream child->parent, 1 MiB array", queue_stream, big, big_n, "MiB/s"),
+    for label, fn, kind, item, n, unit in [
+        ("Pipe round trip, 64 B", round_trip, "Pipe", small, small_n, "us"),
+        ("Pipe round trip, 1 MiB array", round_trip, "Pipe", big, big_n, "us"),
+        ("Queue round trip, 64 B", round_trip, "Queue", small, small_n, "us"),
+        ("Queue round trip, 1 MiB array", round_trip, "Queue", big, big_n, "us"),
+        ("Pipe stream child->parent, 64 B", stream, "Pipe", small, small_n * 3, "msg/s"),
+        ("Queue stream child->parent, 64 B", stream, "Queue", small, small_n * 3, "msg/s"),
+        ("Queue stream child->parent, 1 MiB array", stream, "Queue", big, big_n, "MiB/s"),
     ]:
-        ours, theirs = fn(frl, item, n), fn(mp, item, n)
+        ours, theirs = fn(frl, kind, item, n), fn(mp, kind, item, n)
         if unit == "us":
             ours, theirs = ours * 1e6, theirs * 1e6
-        rows.append((label, unit, ours, theirs))
         print(f"{label:42s} fiberrl {ours:10.1f} {unit:6s} multiprocessing {theirs:10.1f} {unit:6s} "
               f"ratio {ours / theirs:5.2f}", flush=True)
 
