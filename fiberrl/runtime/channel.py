@@ -190,12 +190,15 @@ class ChannelRef:
                 self._channel = hub.hosted(self.obj_id)
         return self._channel
 
+    def _owner_gone(self) -> PeerGone:
+        return PeerGone(f"the process that created this queue or pipe ({self.address}) is gone")
+
     def _request(self, op: int, parts, wait: float | None):
         try:
             client = get_hub().client(self.address)
             status, payload = client.request(op, self.obj_id, parts, timeout=wait)
         except PeerGone:
-            raise PeerGone(f"the process that created this queue or pipe ({self.address}) is gone") from None
+            raise self._owner_gone() from None
         except TimeoutError:
             raise PeerGone(f"the process that created this queue or pipe ({self.address}) stopped answering") from None
         if status == MISSING:
@@ -227,7 +230,7 @@ class ChannelRef:
             try:
                 get_hub().client(self.address).post(Q_PUT, self.obj_id, [_NO_TIMEOUT, *parts])
             except PeerGone:
-                raise PeerGone(f"the process that created this queue or pipe ({self.address}) is gone") from None
+                raise self._owner_gone() from None
             return
         wire_timeout, wait = self._wire_timeout(timeout)
         status, _ = self._request(Q_PUT, [_TIMEOUT.pack(wire_timeout), *parts], wait)

@@ -10,6 +10,7 @@ cut the child off.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import weakref
 
@@ -149,8 +150,8 @@ def close_active_connections() -> None:
     for conn in list(_active):
         try:
             conn.close()
-        except Exception:
-            pass
+        except Exception as exc:
+            logging.getLogger("fiberrl").warning("could not tell a pipe's reader it was closed: %s", exc)
 
 
 __all__ = ["Connection", "Pipe", "close_active_connections"]

@@ -29,7 +29,7 @@ log = logging.getLogger("fiberrl.transport")
 # ops the transport itself answers
 HELLO, PROOF = 1, 2
 # reply status
-OK, EMPTY, FULL, ERROR, CLOSED, MISSING, DENIED = range(7)
+OK, EMPTY, FULL, ERROR, CLOSED, MISSING = range(6)
 NULL_ID = bytes(16)
 _HEAD = 17  # op + object id
 # replies to posted requests outstanding at once before a post waits
@@ -158,9 +158,6 @@ class Pending:
     def __init__(self, client, ctx):
         self._client = client
         self._ctx = ctx
-
-    def done(self) -> bool:
-        return self._ctx.done()
 
     def wait(self):
         """(status, payload) of the reply; PeerGone if the server goes away."""

@@ -21,30 +21,16 @@ _LENGTH = struct.Struct("<Q")
 
 
 def dumps(obj) -> list:
-    """Serialise ``obj`` into a list of buffers to be concatenated on the wire."""
+    """Serialise ``obj`` into a list of buffers to be concatenated on the wire:
+    the pickle stream and its out-of-band buffers, framed by :func:`frames`."""
     buffers: list[pickle.PickleBuffer] = []
     stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    header = [_COUNT.pack(len(raws)), _LENGTH.pack(len(stream))]
-    header.extend(_LENGTH.pack(r.nbytes) for r in raws)
-    return [b"".join(header), stream, *raws]
+    return frames([stream, *(b.raw() for b in buffers)])
 
 
 def loads(data):
     """Inverse of :func:`dumps` over one contiguous, preferably writable buffer."""
-    view = memoryview(data)
-    (count,) = _COUNT.unpack_from(view, 0)
-    offset = _COUNT.size
-    (stream_len,) = _LENGTH.unpack_from(view, offset)
-    offset += _LENGTH.size
-    lengths = [_LENGTH.unpack_from(view, offset + i * _LENGTH.size)[0] for i in range(count)]
-    offset += count * _LENGTH.size
-    stream = view[offset:offset + stream_len]
-    offset += stream_len
-    buffers = []
-    for n in lengths:
-        buffers.append(view[offset:offset + n])
-        offset += n
+    stream, *buffers = split(data)
     return pickle.loads(stream, buffers=buffers)
 
 
@@ -117,10 +103,6 @@ def msg_header(msg) -> bytes:
     return bytes(ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg)))
 
 
-def msg_pipe_id(msg) -> int:
-    return lib.nng_pipe_id(lib.nng_msg_get_pipe(msg))
-
-
 def sock_send(sock, msg) -> None:
     """Send on a socket, freeing ``msg`` on failure."""
     rv = lib.nng_sendmsg(sock, msg, 0)
@@ -169,11 +151,6 @@ class Context:
         lib.nng_aio_wait(self._aio)
         check_err(lib.nng_aio_result(self._aio))
         return lib.nng_aio_get_msg(self._aio)
-
-    def recv(self, timeout_ms: int):
-        """Return the reply message; ``timeout_ms < 0`` waits forever."""
-        self.start_recv(timeout_ms)
-        return self.finish()
 
     def cancel(self) -> None:
         lib.nng_aio_cancel(self._aio)

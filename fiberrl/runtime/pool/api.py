@@ -36,7 +36,6 @@ class Pool:
         if prefetch < 1 or max_task_crashes < 1:
             raise ValueError("prefetch and max_task_crashes must be at least 1")
         resources = worker_resources if worker_resources is not None else resources_of(initializer)
-        self._processes = processes
         self._scheduler = Scheduler(get_hub(), uuid.uuid4().bytes, processes, initializer, tuple(initargs),
                                     maxtasksperchild, prefetch, max_task_crashes, resources)
         _live_pools.add(self)

@@ -3,6 +3,7 @@ of results arrive from the workers."""
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 
 
@@ -110,11 +111,7 @@ class AsyncResult(Job):
             elif self._error is not None and self._error_callback is not None:
                 self._error_callback(self._error)
         except Exception:
-            import logging
             logging.getLogger("fiberrl.pool").exception("callback of %s raised", self.description)
-
-
-ApplyResult = MapResult = AsyncResult
 
 
 class IMapIterator(Job):
