@@ -142,7 +142,7 @@ def test_imap_is_lazy_over_an_endless_generator():
         assert next(pulled) < 200, "imap read far ahead of what was consumed"
 
 
-def test_work_starts_before_all_workers_are_up_and_resize():
+def test_resize_grows_and_shrinks_a_running_pool():
     with mp.Pool(4) as pool:
         assert pool.apply(square, (3,), ) == 9
         deadline = time.monotonic() + 60
