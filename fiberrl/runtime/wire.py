@@ -1,7 +1,8 @@
 """Serialisation of Python objects into nng messages, and the raw nng calls
 pynng does not expose (context timeouts, message headers).
 
-Objects are pickled with cloudpickle at protocol 5; buffers that support
+Objects are pickled at protocol 5 (cloudpickle where plain pickle would
+refer to ``__main__`` or cannot pickle them); buffers that support
 out-of-band transfer (numpy arrays among them) are written after the pickle
 stream instead of being copied into it.  On receive the whole message is
 copied once into a bytearray, so arrays come back writable, as they do from
@@ -24,7 +25,16 @@ def dumps(obj) -> list:
     """Serialise ``obj`` into a list of buffers to be concatenated on the wire:
     the pickle stream and its out-of-band buffers, framed by :func:`frames`."""
     buffers: list[pickle.PickleBuffer] = []
-    stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    try:
+        # the C pickler is several times faster; what it would send by
+        # reference from __main__ (or cannot pickle at all) goes through
+        # cloudpickle, which sends it by value
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        if b"__main__" in stream:
+            raise pickle.PicklingError("refers to __main__")
+    except Exception:
+        buffers.clear()
+        stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     return frames([stream, *(b.raw() for b in buffers)])
 
 
