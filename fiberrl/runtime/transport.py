@@ -270,6 +270,9 @@ class Client:
             self._inflight.add(ctx)
         try:
             ctx.send(wire.new_msg(parts))
+        except (pynng.Canceled, pynng.Closed, pynng.ConnectionReset):
+            self._release(ctx, reuse=False)
+            raise PeerGone(f"lost the connection to {self.address}") from None
         except BaseException:
             self._release(ctx, reuse=False)
             raise
@@ -281,7 +284,7 @@ class Client:
         except pynng.Timeout:
             self._release(ctx, reuse=False)
             raise TimeoutError(f"no reply from {self.address} within {timeout} s") from None
-        except (pynng.Canceled, pynng.Closed):
+        except (pynng.Canceled, pynng.Closed, pynng.ConnectionReset):
             self._release(ctx, reuse=False)
             raise PeerGone(f"lost the connection to {self.address}") from None
         self._release(ctx, reuse=True)
