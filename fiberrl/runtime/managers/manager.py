@@ -1,0 +1,199 @@
+"""``BaseManager``, ``SyncManager`` and ``AsyncManager``.
+
+A manager's server is a job-backed process, so it runs on whichever backend
+is configured, and every connection to it proves the run's secret like any
+other.  ``register(typeid, callable)`` adds a method that creates an object
+in the server and returns its proxy.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+import weakref
+
+from ..config import get_config
+from ..process import Process
+from ..queues import Queue
+from .proxy import BaseProxy, ManagerError, ManagerRef, create
+from .server import M_COUNT, M_SHUTDOWN, serve
+from .sync_types import SYNC_TYPES
+
+# how long a shut-down server gets to exit before it is killed
+SHUTDOWN_GRACE = 5.0
+
+
+class BaseManager:
+    """Starts a server process holding shared objects; hands out proxies to them."""
+
+    _registry: dict = {}  # typeid -> (callable, exposed, method_to_typeid, proxytype)
+    _inline = False       # serve calls on the receiving thread (AsyncManager)
+    _async = False        # proxies return handles
+    _counter = itertools.count(1)
+
+    def __init__(self, address=None, authkey=None, serializer="pickle", ctx=None):
+        if address is not None or authkey is not None:
+            raise ValueError(f"{type(self).__name__} starts its own server as a job and authenticates it with the "
+                             f"run's secret: leave address and authkey unset")
+        self._process: Process | None = None
+        self._ref: ManagerRef | None = None
+        self._initializer = None
+        self._initargs = ()
+        self._finalizer = None
+        self._name = f"{type(self).__name__}-{next(BaseManager._counter)}"
+
+    @classmethod
+    def register(cls, typeid: str, callable=None, proxytype=None, exposed=None, method_to_typeid=None,  # noqa: A002
+                 create_method: bool = True) -> None:
+        """Make ``typeid`` creatable in this manager class's servers: ``callable(*args)`` builds it."""
+        if "_registry" not in cls.__dict__:
+            cls._registry = dict(cls._registry)  # a subclass's registrations stay its own
+        if proxytype is not None and not (isinstance(proxytype, type) and issubclass(proxytype, BaseProxy)):
+            raise TypeError(f"register({typeid!r}): proxytype must be a BaseProxy subclass, not {proxytype!r}")
+        exposed = tuple(exposed) if exposed is not None else getattr(proxytype, "_exposed_", None)
+        cls._registry[typeid] = (callable, exposed, dict(method_to_typeid or {}), proxytype)
+        if create_method:
+            def create_object(self, *args, **kwds):
+                return self._create(typeid, args, kwds)
+            create_object.__name__ = typeid
+            setattr(cls, typeid, create_object)
+
+    # --- lifecycle -------------------------------------------------------
+    def start(self, initializer=None, initargs=()) -> None:
+        """Start the server process; ``initializer(*initargs)`` runs in it first."""
+        if self._process is not None:
+            raise ValueError(f"{self._name} has already been started")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        self._initializer, self._initargs = initializer, tuple(initargs)
+        self._launch()
+
+    def _launch(self) -> None:
+        registry = {typeid: (fn, exposed, m2t) for typeid, (fn, exposed, m2t, _) in self._registry.items()
+                    if fn is not None}
+        proxytypes = {typeid: entry[3] for typeid, entry in self._registry.items()}
+        ready = Queue()
+        process = Process(target=_serve_with_initializer, name=self._name, daemon=True,
+                          args=(registry, self._inline, ready, self._initializer, self._initargs))
+        process.start()
+        self._process = process
+        address = _await_address(process, ready, get_config().start_timeout)
+        self._ref = ManagerRef(address, f"{self._name} (pid {process.pid})", proxytypes, self._async)
+        self._finalizer = weakref.finalize(self, _stop_server, process, self._ref)
+
+    def shutdown(self) -> None:
+        """Stop the server; its objects are gone and their proxies raise ManagerError."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._process is not None:
+            self._process.join(timeout)
+
+    @property
+    def address(self) -> str | None:
+        return self._ref.address if self._ref is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def _number_of_objects(self) -> int:
+        """How many objects the server holds (for tests and debugging)."""
+        return self._ref.request(M_COUNT, 0)
+
+    def __enter__(self):
+        if self._process is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def _create(self, typeid: str, args: tuple, kwds: dict):
+        if self._process is None:
+            self.start()  # Fiber's examples use a manager without start()
+        elif self._finalizer is not None and not self._finalizer.alive:
+            raise ValueError(f"{self._name} has been shut down")
+        return create(self._ref, typeid, args, kwds, manager=self)
+
+    def __repr__(self):
+        state = "not started" if self._process is None else ("running" if self.is_alive() else "stopped")
+        return f"<{type(self).__name__} {self._name} {state}>"
+
+
+def _serve_with_initializer(registry, inline, ready, initializer, initargs) -> None:
+    if initializer is not None:
+        initializer(*initargs)
+    serve(registry, inline, ready)
+
+
+def _await_address(process: Process, ready: Queue, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ready.get(timeout=0.25)
+        except queue.Empty:
+            pass
+        if process.exitcode is not None:
+            raise ManagerError(f"the manager process {process.name} exited with code {process.exitcode} before "
+                               f"it was ready (its error is in the log above)")
+        if time.monotonic() > deadline:
+            process.kill()
+            process.join(SHUTDOWN_GRACE)
+            raise ManagerError(f"the manager process {process.name} was not ready within {timeout} s "
+                               f"(config start_timeout)")
+
+
+def _stop_server(process: Process, ref: ManagerRef) -> None:
+    if process.exitcode is None:
+        try:
+            ref.request(M_SHUTDOWN, 0, timeout=SHUTDOWN_GRACE)
+        except (ManagerError, TimeoutError):
+            pass
+        process.join(SHUTDOWN_GRACE)
+    if process.exitcode is None:
+        process.kill()
+        process.join(SHUTDOWN_GRACE)
+
+
+class SyncManager(BaseManager):
+    """A manager with multiprocessing's shared types: dict, list, Namespace,
+    Value, Array, Queue, Lock, RLock, Semaphore, Condition, Event, Barrier."""
+
+
+for _typeid, (_callable, _proxytype, _exposed) in SYNC_TYPES.items():
+    SyncManager.register(_typeid, _callable, _proxytype, exposed=_exposed)
+
+
+class AsyncManager(BaseManager):
+    """A manager whose proxies return a :class:`Handle` from every call at once.
+
+    Replies are matched to calls by request, so handles can be collected in
+    any order and many managers stepped in parallel.  Calls are served one at
+    a time in the order they arrive.  When the server dies, pending and later
+    calls raise ManagerError; :meth:`restart` starts a fresh one.
+    """
+
+    _inline = True
+    _async = True
+
+    def restart(self) -> None:
+        """Replace the server process (killing it if it still runs) with a new, empty one."""
+        if self._process is None:
+            raise ValueError(f"{self._name} was never started")
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        _stop_server(self._process, self._ref)
+        self._process = None
+        self._launch()
+
+
+def Manager() -> SyncManager:  # noqa: N802 -- the multiprocessing name
+    """A started SyncManager, as ``multiprocessing.Manager()`` returns."""
+    manager = SyncManager()
+    manager.start()
+    return manager

@@ -1,0 +1,301 @@
+"""Proxies: a process's handle on an object held by a manager.
+
+A proxy can be passed to other processes of the run (as an argument, through
+a queue); each copy holds a reference, and the object is freed when the last
+one is released.  A proxy of an ``AsyncManager`` returns a :class:`Handle`
+from every method call at once; ``handle.get()`` waits for the result.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import deque
+
+from .. import wire
+from ..pool.results import with_remote_traceback
+from ..stream import StreamClosed, connect
+from .server import CALL_ID, GETVALUE, HEAD, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
+
+
+class ManagerError(ConnectionError):
+    """The manager's process is gone, so its objects are too."""
+
+
+class Connection:
+    """This process's stream to one manager, shared by its threads.
+
+    Calls are sent at once; replies carry their call's id.  Whichever thread
+    is waiting reads the stream itself (no reader thread to hop through) and
+    files replies meant for others where they will find them.
+    """
+
+    def __init__(self, address: str):
+        self.stream = connect(address)
+        self._ids = itertools.count(1)
+        self._replies: dict[int, bytearray] = {}
+        self._cond = threading.Condition()
+        self._reading = False
+        self.error: BaseException | None = None
+
+    def call(self, op: int, token: int, parts=(), reply: bool = True) -> int:
+        call_id = next(self._ids) if reply else 0
+        self.stream.send([HEAD.pack(op, call_id, threading.get_ident(), token), *parts])
+        return call_id
+
+    def reply(self, call_id: int, timeout: float | None = None) -> memoryview:
+        """The reply to ``call_id``; TimeoutError if it has not come within ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                while call_id not in self._replies and self.error is None and self._reading:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    self._cond.wait(left)
+                if call_id in self._replies:
+                    return memoryview(self._replies.pop(call_id))[CALL_ID.size:]
+                if self.error is not None:
+                    raise self.error
+                self._reading = True
+            try:
+                self._read_one(deadline)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+
+    def _read_one(self, deadline) -> None:
+        if deadline is not None and not self.stream.readable(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError
+        try:
+            frame = self.stream.recv()
+        except StreamClosed as exc:
+            with self._cond:
+                self.error = exc
+            raise
+        with self._cond:
+            self._replies[CALL_ID.unpack_from(frame)[0]] = frame
+
+
+_connections: dict[str, Connection] = {}
+_connections_pid = os.getpid()
+_connections_lock = threading.Lock()
+
+
+def connection(address: str, dial: bool = True) -> Connection | None:
+    """This process's live connection to ``address`` (opened if ``dial``)."""
+    global _connections, _connections_pid
+    conn = _connections.get(address)
+    if conn is not None and conn.error is None and _connections_pid == os.getpid():
+        return conn
+    if not dial:
+        return None
+    with _connections_lock:
+        if _connections_pid != os.getpid():
+            _connections, _connections_pid = {}, os.getpid()
+        conn = _connections.get(address)
+        if conn is None or conn.error is not None:
+            conn = _connections[address] = Connection(address)
+        return conn
+
+
+class ManagerRef:
+    """What a proxy knows of its manager; travels with it."""
+
+    def __init__(self, address: str, name: str, proxytypes: dict, is_async: bool):
+        self.address = address
+        self.name = name
+        self.proxytypes = proxytypes  # typeid -> proxy class, None for an automatic one
+        self.is_async = is_async
+
+    def gone(self, exc) -> ManagerError:
+        return ManagerError(f"{self.name} at {self.address} is gone ({exc}); its objects went with it. "
+                            f"Restart the manager (AsyncManager.restart()) and create them again.")
+
+    def ask(self, op: int, token: int, parts=()) -> tuple[Connection, int]:
+        _send_releases()
+        try:
+            conn = connection(self.address)
+            return conn, conn.call(op, token, parts)
+        except StreamClosed as exc:
+            raise self.gone(exc) from None
+
+    def request(self, op: int, token: int, parts=(), timeout: float | None = None):
+        conn, call_id = self.ask(op, token, parts)
+        try:
+            payload = conn.reply(call_id, timeout)
+        except StreamClosed as exc:
+            raise self.gone(exc) from None
+        return _decode(self, payload)
+
+    def make_proxy(self, token: int, exposed: tuple, typeid: str) -> "BaseProxy":
+        proxytype = self.proxytypes.get(typeid) or auto_proxy_class(tuple(exposed), self.is_async)
+        return proxytype(self, token, typeid, exposed)
+
+
+# Releases are queued by finalizers, which may run inside any code that holds
+# a lock, and sent before the next request of this process: never from the finalizer.
+_releases: deque = deque()
+
+
+def _queue_release(address: str, token: int) -> None:
+    _releases.append((address, token))
+
+
+def _send_releases() -> None:
+    while _releases:
+        address, token = _releases.popleft()
+        conn = connection(address, dial=False)
+        if conn is not None:
+            try:
+                conn.call(M_DECREF, token, reply=False)
+            except StreamClosed:
+                pass  # the manager went away: nothing left to release
+
+
+def create(ref: ManagerRef, typeid: str, args, kwds, manager=None) -> "BaseProxy":
+    proxy = ref.request(M_CREATE, 0, wire.dumps((typeid, args, kwds)))
+    proxy._manager = manager  # the creating process's manager lives as long as its proxies
+    return proxy
+
+
+def _decode(ref: ManagerRef, payload):
+    kind, value = wire.loads(payload)
+    if kind == RAISE:
+        exc, tb = value
+        raise with_remote_traceback(exc, tb)
+    if kind == PROXY:
+        token, exposed, typeid = value
+        return ref.make_proxy(token, exposed, typeid)
+    return value
+
+
+class BaseProxy:
+    """A reference to one object in a manager."""
+
+    _auto = False
+
+    def __init__(self, ref: ManagerRef, token: int, typeid: str, exposed: tuple):
+        self._ref = ref
+        self._token = token
+        self._typeid = typeid
+        self._exposed = tuple(exposed)
+        self._manager = None
+        finalizer = weakref.finalize(self, _queue_release, ref.address, token)
+        finalizer.atexit = False
+
+    def _callmethod(self, methodname: str, args=(), kwds=None):
+        """Call ``methodname`` on the object and return its result."""
+        return self._ref.request(M_CALL, self._token, wire.dumps((methodname, tuple(args), dict(kwds or {}))))
+
+    def _callmethod_async(self, methodname: str, args=(), kwds=None) -> "Handle":
+        conn, call_id = self._ref.ask(M_CALL, self._token, wire.dumps((methodname, tuple(args), dict(kwds or {}))))
+        return Handle(self._ref, conn, call_id, methodname)
+
+    def _getvalue(self):
+        """A copy of the object itself."""
+        return self._callmethod(GETVALUE)
+
+    def __reduce__(self):
+        # the copy in transit holds its own reference, so the object outlives this proxy
+        if not self._ref.request(M_INCREF, self._token):
+            raise ReferenceError(f"{self!r} refers to an object its manager no longer has")
+        return _rebuild, (None if type(self)._auto else type(self), self._ref, self._token, self._typeid,
+                          self._exposed)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} of {self._typeid!r} #{self._token} in {self._ref.name}>"
+
+    def __str__(self):
+        try:
+            return self._callmethod("__repr__")
+        except Exception:  # noqa: BLE001 -- str() must not fail on a dead manager
+            return repr(self)
+
+
+def _rebuild(cls, ref, token, typeid, exposed):
+    if cls is None:
+        cls = auto_proxy_class(tuple(exposed), ref.is_async)
+    return cls(ref, token, typeid, exposed)
+
+
+class Handle:
+    """The result of an asynchronous call, matched to it by the call's id."""
+
+    def __init__(self, ref: ManagerRef, conn: Connection, call_id: int, methodname: str):
+        self._ref = ref
+        self._conn = conn
+        self._call_id = call_id
+        self._method = methodname
+        self._outcome = None
+
+    def ready(self) -> bool:
+        """Whether the result has arrived (never blocks)."""
+        if self._outcome is None:
+            try:
+                self._collect(0.0)
+            except TimeoutError:
+                return False
+        return True
+
+    def get(self, timeout: float | None = None):
+        """The call's result, or its exception re-raised with the remote traceback."""
+        if self._outcome is None:
+            try:
+                self._collect(timeout)
+            except TimeoutError:
+                raise TimeoutError(f"{self._method}() gave no result within {timeout} s") from None
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+    def _collect(self, timeout: float | None) -> None:
+        try:
+            payload = self._conn.reply(self._call_id, timeout)
+        except StreamClosed as exc:
+            self._outcome = (False, self._ref.gone(exc))
+            return
+        try:
+            self._outcome = (True, _decode(self._ref, payload))
+        except BaseException as exc:  # noqa: BLE001 -- the remote call's own exception
+            self._outcome = (False, exc)
+
+
+_auto_classes: dict = {}
+
+
+def auto_proxy_class(exposed: tuple, is_async: bool) -> type:
+    """A proxy class with one method per exposed name."""
+    key = (exposed, is_async)
+    cls = _auto_classes.get(key)
+    if cls is None:
+        namespace = {name: _forwarder(name, is_async) for name in exposed}
+        namespace["_auto"] = True
+        cls = type("AsyncProxy" if is_async else "AutoProxy", (BaseProxy,), namespace)
+        _auto_classes[key] = cls
+    return cls
+
+
+def _forwarder(name: str, is_async: bool):
+    if is_async:
+        def method(self, *args, **kwds):
+            return self._callmethod_async(name, args, kwds)
+    else:
+        def method(self, *args, **kwds):
+            return self._callmethod(name, args, kwds)
+    method.__name__ = name
+    return method
+
+
+def forwarding(*names):
+    """Class decorator: give a proxy class a method forwarding each name (unless it defines one)."""
+    def decorate(cls):
+        for name in names:
+            if name not in cls.__dict__:
+                setattr(cls, name, _forwarder(name, False))
+        return cls
+    return decorate

@@ -1,0 +1,153 @@
+"""The shared types of ``SyncManager`` (as in ``multiprocessing.managers``):
+what the server holds, and the proxies that make them look local."""
+from __future__ import annotations
+
+import array
+import queue
+import threading
+
+from .proxy import BaseProxy, forwarding
+
+
+class Namespace:
+    def __init__(self, **kwds):
+        self.__dict__.update(kwds)
+
+    def __repr__(self):
+        items = ", ".join(f"{k}={v!r}" for k, v in sorted(self.__dict__.items()) if not k.startswith("_"))
+        return f"Namespace({items})"
+
+
+class Value:
+    def __init__(self, typecode, value, lock=True):
+        self._typecode = typecode
+        self._value = value
+
+    def get(self):
+        return self._value
+
+    def set(self, value):
+        self._value = value
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._typecode!r}, {self._value!r})"
+
+
+def Array(typecode, sequence, lock=True):  # noqa: N802 -- the multiprocessing name
+    return array.array(typecode, sequence)
+
+
+class SharedDict(dict):
+    """A dict whose views travel as lists (a view cannot be pickled)."""
+
+    def keys(self):
+        return list(super().keys())
+
+    def values(self):
+        return list(super().values())
+
+    def items(self):
+        return list(super().items())
+
+
+def shared_dict(*args, **kwds):
+    return SharedDict(*args, **kwds)
+
+
+@forwarding("__contains__", "__delitem__", "__getitem__", "__len__", "__setitem__", "clear", "copy", "get",
+            "items", "keys", "pop", "popitem", "setdefault", "update", "values")
+class DictProxy(BaseProxy):
+    def __iter__(self):
+        return iter(self.keys())
+
+
+@forwarding("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__", "__rmul__",
+            "__setitem__", "append", "count", "extend", "index", "insert", "pop", "remove", "reverse", "sort",
+            "copy")
+class ListProxy(BaseProxy):
+    def __iter__(self):
+        return iter(self.copy())
+
+    def __iadd__(self, other):
+        self._callmethod("extend", (other,))
+        return self
+
+    def __imul__(self, n):
+        self._callmethod("__imul__", (n,))
+        return self
+
+
+class NamespaceProxy(BaseProxy):
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._callmethod("__getattribute__", (name,))
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):
+            return object.__setattr__(self, name, value)
+        return self._callmethod("__setattr__", (name, value))
+
+    def __delattr__(self, name):
+        if name.startswith("_"):
+            return object.__delattr__(self, name)
+        return self._callmethod("__delattr__", (name,))
+
+
+@forwarding("get", "set")
+class ValueProxy(BaseProxy):
+    value = property(lambda self: self.get(), lambda self, v: self.set(v))
+
+
+@forwarding("__len__", "__getitem__", "__setitem__", "tolist")
+class ArrayProxy(BaseProxy):
+    pass
+
+
+@forwarding("acquire", "release")
+class AcquirerProxy(BaseProxy):
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@forwarding("wait", "notify", "notify_all")
+class ConditionProxy(AcquirerProxy):
+    pass
+
+
+@forwarding("is_set", "set", "clear", "wait")
+class EventProxy(BaseProxy):
+    pass
+
+
+@forwarding("wait", "abort", "reset")
+class BarrierProxy(BaseProxy):
+    parties = property(lambda self: self._callmethod("__getattribute__", ("parties",)))
+    n_waiting = property(lambda self: self._callmethod("__getattribute__", ("n_waiting",)))
+    broken = property(lambda self: self._callmethod("__getattribute__", ("broken",)))
+
+
+# typeid -> (callable, proxytype, exposed); exposed None = the object's public methods
+SYNC_TYPES = {
+    "dict": (shared_dict, DictProxy, ("__contains__", "__delitem__", "__getitem__", "__len__", "__setitem__",
+                                      "__repr__", "clear", "copy", "get", "items", "keys", "pop", "popitem",
+                                      "setdefault", "update", "values")),
+    "list": (list, ListProxy, ("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__",
+                               "__rmul__", "__setitem__", "__imul__", "__repr__", "append", "count", "extend",
+                               "index", "insert", "pop", "remove", "reverse", "sort", "copy")),
+    "Namespace": (Namespace, NamespaceProxy, ("__getattribute__", "__setattr__", "__delattr__", "__repr__")),
+    "Value": (Value, ValueProxy, ("get", "set", "__repr__")),
+    "Array": (Array, ArrayProxy, ("__len__", "__getitem__", "__setitem__", "tolist", "__repr__")),
+    "Lock": (threading.Lock, AcquirerProxy, ("acquire", "release")),
+    "RLock": (threading.RLock, AcquirerProxy, ("acquire", "release")),
+    "Semaphore": (threading.Semaphore, AcquirerProxy, ("acquire", "release")),
+    "BoundedSemaphore": (threading.BoundedSemaphore, AcquirerProxy, ("acquire", "release")),
+    "Condition": (threading.Condition, ConditionProxy, ("acquire", "release", "wait", "notify", "notify_all")),
+    "Event": (threading.Event, EventProxy, ("is_set", "set", "clear", "wait")),
+    "Barrier": (threading.Barrier, BarrierProxy, ("__getattribute__", "wait", "abort", "reset")),
+    "Queue": (queue.Queue, None, None),
+    "JoinableQueue": (queue.Queue, None, None),
+}
