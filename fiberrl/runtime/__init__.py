@@ -6,15 +6,17 @@ Importing opens no socket, starts no thread and reads no configuration.
 """
 from .config import ConfigError, RuntimeConfig, configure, get_config
 from .connection import Connection, Pipe
+from .managers import AsyncManager, BaseManager, Manager, ManagerError, SyncManager
 from .meta import meta
 from .pool import AsyncResult, Pool, PoolTerminated, WorkerLostError
 from .process import Process, active_children, cpu_count, current_process, parent_process
 from .queues import Empty, Full, Queue, SimpleQueue
+from .ring import Ring, RingError
 from .transport import PeerGone
 
 __all__ = [
-    "AsyncResult", "ConfigError", "Connection", "Empty", "Full", "PeerGone", "Pipe", "Pool", "PoolTerminated",
-    "Process", "Queue", "RuntimeConfig", "WorkerLostError",
-    "SimpleQueue", "active_children", "configure", "cpu_count", "current_process", "get_config", "meta",
-    "parent_process",
+    "AsyncManager", "AsyncResult", "BaseManager", "ConfigError", "Connection", "Empty", "Full", "Manager",
+    "ManagerError", "PeerGone", "Pipe", "Pool", "PoolTerminated", "Process", "Queue", "Ring", "RingError",
+    "RuntimeConfig", "SimpleQueue", "SyncManager", "WorkerLostError", "active_children", "configure", "cpu_count",
+    "current_process", "get_config", "meta", "parent_process",
 ]

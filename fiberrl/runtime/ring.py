@@ -1,0 +1,326 @@
+"""``Ring``: a group of equal peers for distributed training (torch.distributed).
+
+    def setup(node):
+        node.init_process_group()           # gloo on CPU, nccl where the member has a GPU
+
+    def train(rank, size):
+        ...                                  # collectives over torch.distributed
+        return final_parameters
+
+    per_rank = Ring(4, train, setup).run()   # [rank 0's return value, rank 1's, ...]
+
+Every member, rank 0 included, is a job-backed ``Process`` with the ``meta``
+resources of ``func``.  Rank 0 binds the rendezvous port before it does
+anything else and hands that very socket to torch's TCPStore, so the address
+the members are given is one that is really held, never a guessed port.  If a
+member raises or dies, ``run()`` stops the others and raises ``RingError``
+naming it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import cloudpickle
+
+from .backends import get_backend
+from .config import get_config
+from .meta import resources_of
+from .pool.results import with_remote_traceback
+from .process import Process
+from .queues import Queue
+
+# how often run() looks for a member that died without a word: a dead member
+# must not leave the others blocked in a collective for long
+_POLL = 0.1
+# how long members get to exit on their own (after SIGTERM, or after their
+# last result) before they are killed
+_GRACE = 3.0
+# how long run() waits, once a member reports an error, for a member that
+# died silently: that death, not the errors it caused in others, is the cause
+_SETTLE = 0.5
+
+
+class RingError(RuntimeError):
+    """A member of a Ring raised or died; ``rank`` says which one."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class RingMember:
+    """One member as Fiber's ``ring.members[i]`` showed it."""
+
+    rank: int
+    ip: str
+    port: int | None  # only rank 0 holds a port: the rendezvous
+    connected: bool = True
+
+
+class RingNode:
+    """What a member's initializer is given: its place in the ring and the
+    rendezvous address (``master_addr``, ``master_port``), held by rank 0."""
+
+    def __init__(self, rank: int, size: int, members: list[RingMember], gpu: bool,
+                 listener: socket.socket | None = None):
+        self.rank = rank
+        self.size = size
+        self.members = members
+        self.master_addr = members[0].ip
+        self.master_port = members[0].port
+        self._gpu = gpu
+        self._listener = listener  # rank 0's bound rendezvous socket, until torch or the user takes the port
+        self._owns_group = False
+
+    def init_process_group(self, backend: str | None = None,
+                           timeout: float | datetime.timedelta = 300.0) -> None:
+        """Join torch.distributed over this ring's rendezvous; the process
+        group is destroyed when ``func`` returns."""
+        import torch
+        import torch.distributed as dist
+
+        if backend is None:
+            backend = "nccl" if self._gpu and torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            # members that share a machine's GPUs must not share one device
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+        if not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=timeout)
+        store = self._store(dist, timeout)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+        self._owns_group = True
+
+    def _store(self, dist, timeout: datetime.timedelta):
+        if self.rank != 0:
+            return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=False, timeout=timeout)
+        if self._listener is None:
+            raise RuntimeError("rank 0 no longer holds the rendezvous port (release_port() was called): "
+                               "use init_process_group() or release_port(), not both")
+        listener, self._listener = self._listener, None
+        try:
+            # libuv's store adopts a socket only in recent torch; the classic one has for longer
+            store = dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=True, timeout=timeout,
+                                  master_listen_fd=listener.fileno(), use_libuv=False)
+        except TypeError:
+            # a torch without master_listen_fd cannot take the socket over: free
+            # the port only now, so the moment another process could take it is
+            # as short as it can be
+            listener.close()
+            return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=True, timeout=timeout)
+        listener.detach()  # the store owns the descriptor now and closes it itself
+        return store
+
+    def release_port(self) -> None:
+        """For initializers that rendezvous through ``env://`` themselves:
+        rank 0 lets go of the rendezvous port (for torch to bind it again),
+        and every member gets MASTER_ADDR and MASTER_PORT in its environment.
+        Call it on every member, then ``dist.init_process_group(backend,
+        rank=node.rank, world_size=node.size)``."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        os.environ["MASTER_ADDR"] = self.master_addr
+        os.environ["MASTER_PORT"] = str(self.master_port)
+
+    def _close(self) -> None:
+        if self._owns_group:
+            import torch.distributed as dist
+            if dist.is_initialized():  # unless func destroyed it itself
+                dist.destroy_process_group()
+            self._owns_group = False
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+
+class Ring:
+    """``processes`` peers, each running ``initializer(node, *initargs)`` and
+    then ``func(rank, size)``; ``run()`` returns their results in rank order."""
+
+    def __init__(self, processes: int, func, initializer=None, initargs=()):
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f"Ring(processes={processes!r}): expected an int >= 1")
+        if not callable(func):
+            raise ValueError(f"Ring(func={func!r}): func must be callable as func(rank, size)")
+        if initializer is not None and not callable(initializer):
+            raise ValueError(f"Ring(initializer={initializer!r}): initializer must be callable or None")
+        self.size = processes
+        self.func = func
+        self.initializer = initializer
+        self.initargs = tuple(initargs)
+        self._resources = resources_of(func) or resources_of(initializer)
+        self._ran = False
+
+    def run(self) -> list:
+        if self._ran:
+            raise RuntimeError("a Ring runs once; create a new Ring to run again")
+        self._ran = True
+        results, roster = Queue(), Queue()
+        members: list[Process] = []
+        finished = False
+        try:
+            for rank in range(self.size):
+                p = Process(target=_member, name=f"Ring-{rank}",
+                            args=(rank, self.size, self.func, self.initializer, self.initargs,
+                                  self._resources.get("gpu"), results, roster))
+                p._resources = self._resources
+                p.start()
+                members.append(p)
+            values = self._collect(members, results, roster)
+            finished = True
+            return values
+        finally:
+            _stop(members, patient=finished)
+
+    def _collect(self, members: list[Process], results: Queue, roster: Queue) -> list:
+        hosts: dict[int, tuple] = {}
+        values: dict[int, object] = {}
+        failed: dict[int, RingError] = {}  # in the order they were reported
+        dead: dict[int, RingError] = {}  # exited without a word
+        first_failure = None
+
+        def handle(message) -> None:
+            kind, rank, *rest = message
+            if kind == "hello":
+                hosts[rank] = tuple(rest)
+                if len(hosts) == self.size:
+                    table = [(r, *hosts[r]) for r in range(self.size)]
+                    for _ in range(self.size):
+                        roster.put(table)
+            elif kind == "done":
+                try:
+                    values[rank] = cloudpickle.loads(rest[0])
+                except Exception as exc:
+                    failed[rank] = RingError(f"Ring member rank {rank}'s return value cannot be unpickled here: "
+                                             f"{type(exc).__name__}: {exc}", rank)
+                    failed[rank].__cause__ = exc
+            else:
+                failed[rank] = _failure(rank, *rest)
+
+        def drain() -> None:
+            while True:
+                try:
+                    handle(results.get(block=False))
+                except queue.Empty:
+                    return
+
+        while len(values) < self.size:
+            try:
+                handle(results.get(timeout=_POLL))
+            except queue.Empty:
+                pass
+            for rank, p in enumerate(members):
+                if rank in values or rank in failed or rank in dead or p.exitcode is None:
+                    continue
+                drain()  # a member flushes what it put before it exits: read it before calling it dead
+                if rank not in values and rank not in failed:
+                    dead[rank] = RingError(f"Ring member rank {rank} {_describe_exit(p.exitcode)} "
+                                           "before returning", rank)
+            if failed and first_failure is None:
+                first_failure = time.monotonic()
+            settled = (first_failure is not None and time.monotonic() - first_failure >= _SETTLE
+                       or len(values) + len(failed) + len(dead) == self.size)
+            if dead or (failed and settled):
+                # a member that died takes the others' collectives down with it: it is the cause
+                cause = next(iter(dead.values())) if dead else next(iter(failed.values()))
+                raise _with_others(cause, sorted(set(failed) | set(dead)))
+        return [values[r] for r in range(self.size)]
+
+
+def _with_others(error: RingError, ranks: list[int]) -> RingError:
+    others = [r for r in ranks if r != error.rank]
+    if others:
+        error.args = (f"{error.args[0]} (rank{'s' if len(others) > 1 else ''} "
+                      f"{', '.join(map(str, others))} failed too)",)
+    return error
+
+
+def _failure(rank: int, summary: str, tb: str, pickled_exc: bytes | None) -> RingError:
+    cause: BaseException | None = None
+    if pickled_exc is not None:
+        try:
+            cause = cloudpickle.loads(pickled_exc)
+        except Exception:
+            pass
+    if not isinstance(cause, BaseException):
+        cause = RuntimeError(summary)
+    error = RingError(f"Ring member rank {rank} failed: {summary}", rank)
+    error.__cause__ = with_remote_traceback(cause, tb)
+    return error
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _stop(members: list[Process], patient: bool) -> None:
+    """Leave no member behind: terminate, then kill those that do not go."""
+    if patient:
+        _join_all(members, _GRACE)  # they have sent their results and are on their way out
+    for p in members:
+        if p.exitcode is None:
+            p.terminate()
+    _join_all(members, _GRACE)
+    for p in members:
+        if p.exitcode is None:
+            p.kill()
+    _join_all(members, 10.0)
+
+
+def _join_all(members: list[Process], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in members:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def _listen(host: str, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=backlog)
+
+
+def _member(rank, size, func, initializer, initargs, gpu, results: Queue, roster: Queue) -> None:
+    """What each member runs, in its own job."""
+    try:
+        host = get_config().host or get_backend().listen_host()
+        # first of all, so the port is held before anyone is told of it
+        listener = _listen(host, size) if rank == 0 else None
+        results.put(("hello", rank, host, listener.getsockname()[1] if listener is not None else None))
+        members = [RingMember(r, ip, port) for r, ip, port in roster.get()]
+        if gpu is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+            gpu = bool(visible) and visible != "-1"
+        node = RingNode(rank, size, members, bool(gpu), listener)
+        if initializer is not None:
+            initializer(node, *initargs)
+        value = func(rank, size)
+        node._close()
+        try:
+            payload = cloudpickle.dumps(value, protocol=5)
+        except Exception as exc:
+            raise TypeError(f"rank {rank}'s return value cannot be pickled: {type(exc).__name__}: {exc}") from None
+        results.put(("done", rank, payload))
+    except BaseException as exc:
+        try:
+            pickled_exc = cloudpickle.dumps(exc, protocol=5)
+        except Exception:
+            pickled_exc = None
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        results.put(("failed", rank, summary, traceback.format_exc(), pickled_exc))
+        sys.exit(1)
+
+
+__all__ = ["Ring", "RingError", "RingMember", "RingNode"]

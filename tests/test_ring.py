@@ -1,0 +1,294 @@
+"""Ring: equal peers on job-backed processes, rendezvous through torch.distributed."""
+import datetime
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from conftest import PYTHON, pid_alive, wait_until
+from fiberrl.runtime.pool.results import RemoteTraceback
+from fiberrl.runtime.ring import Ring, RingError, RingNode, _listen
+
+SEEN = {}  # what this member's initializer saw; each member is its own process
+
+
+def record_node(node, tag):
+    seen = dict(tag=tag, rank=node.rank, size=node.size, addr=node.master_addr, port=node.master_port,
+                members=[(m.rank, m.ip, m.port, m.connected) for m in node.members], pid=os.getpid())
+    if node.rank == 0:
+        # the port is held: nobody else can bind it ...
+        probe = socket.socket()
+        try:
+            probe.bind((node.master_addr, node.master_port))
+            seen["held"] = False
+        except OSError as exc:
+            seen["held"] = exc.errno == errno.EADDRINUSE
+        finally:
+            probe.close()
+        # ... and the others reach rank 0's own socket there
+        node._listener.settimeout(10)
+        peers = []
+        for _ in range(node.size - 1):
+            conn, _ = node._listener.accept()
+            with conn:
+                peers.append(conn.recv(1)[0])
+        seen["peers"] = sorted(peers)
+    else:
+        with socket.create_connection((node.master_addr, node.master_port), timeout=10) as conn:
+            conn.sendall(bytes([node.rank]))
+        seen["held"] = True
+    SEEN.update(seen)
+
+
+def report_seen(rank, size):
+    return dict(SEEN, func_rank=rank, func_size=size, func_pid=os.getpid())
+
+
+def test_node_knows_its_place_and_the_port_is_really_bound():
+    seen = Ring(3, report_seen, record_node, initargs=("tagged",)).run()
+    assert [s["rank"] for s in seen] == [s["func_rank"] for s in seen] == [0, 1, 2]
+    assert {s["size"] for s in seen} == {s["func_size"] for s in seen} == {3}
+    assert all(s["tag"] == "tagged" and s["held"] for s in seen)
+    assert seen[0]["peers"] == [1, 2]
+    addr, port = seen[0]["addr"], seen[0]["port"]
+    assert addr == "127.0.0.1" and 0 < port < 65536
+    assert all((s["addr"], s["port"]) == (addr, port) for s in seen)
+    assert all(s["members"] == [(0, addr, port, True), (1, addr, None, True), (2, addr, None, True)] for s in seen)
+    pids = {s["pid"] for s in seen}
+    assert len(pids) == 3 and os.getpid() not in pids  # rank 0 is a member job too
+    assert all(s["pid"] == s["func_pid"] for s in seen)
+
+
+def ring_init(node):
+    node.init_process_group(timeout=60)
+
+
+def linear_regression_sgd(rank, size, steps=40, lr=0.1):
+    import torch
+    import torch.distributed as dist
+
+    assert dist.get_rank() == rank and dist.get_world_size() == size and dist.get_backend() == "gloo"
+    true_w = torch.tensor([2.0, -3.0, 0.5])
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of the data
+    x = torch.randn(64, 3, generator=g)
+    y = x @ true_w + 1.0 + 0.01 * torch.randn(64, generator=g)
+    torch.manual_seed(0)  # identical initial parameters everywhere
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= size
+        opt.step()
+        losses.append(loss.item())
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return params.numpy(), losses
+
+
+def test_distributed_sgd_with_gloo():
+    import numpy as np
+    results = Ring(3, linear_regression_sgd, ring_init).run()
+    assert len(results) == 3
+    params = [p for p, _ in results]
+    for p in params[1:]:
+        np.testing.assert_array_equal(p, params[0])
+    for _, losses in results:
+        assert losses[-1] < 0.1 * losses[0]
+    np.testing.assert_allclose(params[0], [2.0, -3.0, 0.5, 1.0], atol=0.3)
+
+
+def env_style_init(node):
+    """Fiber's examples/ring.py: MASTER_ADDR/MASTER_PORT, then env:// rendezvous."""
+    import torch.distributed as dist
+    master = node.members[0]
+    assert master.connected and (master.ip, master.port) == (node.master_addr, node.master_port)
+    node.release_port()
+    assert os.environ["MASTER_ADDR"] == master.ip and os.environ["MASTER_PORT"] == str(master.port)
+    dist.init_process_group("gloo", rank=node.rank, world_size=node.size, timeout=datetime.timedelta(seconds=60))
+
+
+def sum_ranks(rank, size):
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def test_env_style_initializer():
+    assert Ring(2, sum_ranks, env_style_init).run() == [3.0, 3.0]
+
+
+class Boom(Exception):
+    pass
+
+
+def fail_on_rank_one(rank, size):
+    if rank == 1:
+        raise Boom("rank one gives up")
+    time.sleep(60)  # the others would wait for long: run() must stop them
+
+
+def test_member_that_raises_names_its_rank_and_stops_the_others():
+    start = time.monotonic()
+    with pytest.raises(RingError, match=r"rank 1 failed: .*Boom: rank one gives up") as info:
+        Ring(3, fail_on_rank_one).run()
+    assert time.monotonic() - start < 15
+    assert info.value.rank == 1
+    cause = info.value.__cause__
+    assert isinstance(cause, Boom) and str(cause) == "rank one gives up"
+    assert isinstance(cause.__cause__, RemoteTraceback) and "fail_on_rank_one" in str(cause.__cause__)
+    assert mp.active_children() == []
+
+
+def failing_init(node, message):
+    if node.rank == 2:
+        raise ValueError(message)
+    node.init_process_group(timeout=60)  # waits for rank 2, which never comes
+
+
+def test_initializer_that_raises():
+    with pytest.raises(RingError, match=r"rank 2 failed: ValueError: no rendezvous for me"):
+        Ring(3, sum_ranks, failing_init, initargs=("no rendezvous for me",)).run()
+    assert mp.active_children() == []
+
+
+def die_in_collective(rank, size):
+    import torch.distributed as dist
+    if rank == size - 1:
+        time.sleep(0.5)
+        os._exit(3)
+    dist.barrier()  # never completes: the last member is gone
+
+
+def test_member_that_dies_while_others_wait_in_a_collective():
+    ring = Ring(3, die_in_collective, ring_init)
+    start = time.monotonic()
+    with pytest.raises(RingError, match=r"rank 2 exited with code 3") as info:
+        ring.run()
+    assert time.monotonic() - start < 15
+    assert info.value.rank == 2
+    assert mp.active_children() == []
+
+
+def pid_then_sleep(rank, size, pids):
+    pids.put((rank, os.getpid()))
+    time.sleep(60)
+
+
+def test_member_killed_from_outside_is_detected_promptly():
+    pids = mp.Queue()
+    ring = Ring(2, lambda rank, size: pid_then_sleep(rank, size, pids))
+    import threading
+    outcome = {}
+
+    def run():
+        try:
+            ring.run()
+        except RingError as exc:
+            outcome["error"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    got = dict(pids.get(timeout=30) for _ in range(2))
+    killed_at = time.monotonic()
+    os.kill(got[0], signal.SIGKILL)
+    thread.join(30)
+    error, noticed_at = outcome["error"]
+    assert error.rank == 0 and "exited with code -9 (killed by SIGKILL)" in str(error)
+    assert noticed_at - killed_at < 1.5
+    assert not pid_alive(got[1]) or wait_until(lambda: not pid_alive(got[1]), 5)
+    assert mp.active_children() == []
+
+
+def unpicklable_result(rank, size):
+    import threading
+    return threading.Lock() if rank == 1 else rank
+
+
+def test_unpicklable_result_names_the_rank():
+    with pytest.raises(RingError, match=r"rank 1 failed: TypeError: rank 1's return value cannot be pickled"):
+        Ring(2, unpicklable_result).run()
+
+
+def test_results_in_rank_order_and_runs_once():
+    ring = Ring(4, lambda rank, size: (rank, size))
+    assert ring.run() == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    with pytest.raises(RuntimeError, match="runs once"):
+        ring.run()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_process_count(bad):
+    with pytest.raises(ValueError, match="processes"):
+        Ring(bad, print)
+
+
+def test_bad_func_and_initializer():
+    with pytest.raises(ValueError, match="func"):
+        Ring(2, "not callable")
+    with pytest.raises(ValueError, match="initializer"):
+        Ring(2, print, initializer=42)
+
+
+@mp.meta(cpu=1.5, mem=256)
+def with_resources(rank, size):
+    return rank
+
+
+def test_members_carry_the_meta_resources(monkeypatch):
+    from fiberrl.runtime.backends.local import LocalBackend
+    specs = []
+    create_job = LocalBackend.create_job
+
+    def recording(self, spec):
+        specs.append(spec)
+        return create_job(self, spec)
+
+    monkeypatch.setattr(LocalBackend, "create_job", recording)
+    assert Ring(2, with_resources).run() == [0, 1]
+    assert [(s.cpu, s.mem, s.gpu) for s in specs] == [(1.5, 256, None)] * 2
+
+
+def test_importing_ring_does_not_import_torch(script_env):
+    code = "import sys, fiberrl.runtime.ring; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([PYTHON, "-c", code], env=script_env, check=True, timeout=60)
+
+
+def test_store_falls_back_when_torch_cannot_adopt_the_socket(monkeypatch):
+    """A torch without TCPStore(master_listen_fd=) gets the port freed just before it binds it."""
+    import torch
+    import torch.distributed as dist
+    from fiberrl.runtime.ring import RingMember
+
+    real_store = dist.TCPStore
+    adopted = []
+
+    def old_store(*args, **kwargs):
+        if "master_listen_fd" in kwargs:
+            adopted.append(kwargs["master_listen_fd"])
+            raise TypeError("__init__(): incompatible constructor arguments")
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "TCPStore", old_store)
+    listener = _listen("127.0.0.1", 1)
+    port = listener.getsockname()[1]
+    node = RingNode(0, 1, [RingMember(0, "127.0.0.1", port)], gpu=False, listener=listener)
+    node.init_process_group(timeout=30)
+    try:
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0] and adopted and listener.fileno() == -1
+    finally:
+        node._close()
+    assert not dist.is_initialized()
