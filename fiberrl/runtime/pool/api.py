@@ -8,10 +8,8 @@ worker is up, ``resize(n)`` changes the number of workers while it runs,
 from __future__ import annotations
 
 import atexit
-import uuid
 import weakref
 
-from ..hub import get_hub
 from ..meta import resources_of
 from ..process import _register_exit_hook, cpu_count
 from .results import AsyncResult, IMapIterator
@@ -36,7 +34,7 @@ class Pool:
         if prefetch < 1 or max_task_crashes < 1:
             raise ValueError("prefetch and max_task_crashes must be at least 1")
         resources = worker_resources if worker_resources is not None else resources_of(initializer)
-        self._scheduler = Scheduler(get_hub(), uuid.uuid4().bytes, processes, initializer, tuple(initargs),
+        self._scheduler = Scheduler(processes, initializer, tuple(initargs),
                                     maxtasksperchild, prefetch, max_task_crashes, resources)
         _live_pools.add(self)
         _register_pool_exit_hook()

@@ -2,10 +2,12 @@
 them, collects results, and replaces workers that die without losing or
 repeating a result.
 
-Threads: the hub's server thread runs :meth:`handle` (workers' requests);
-callers of the Pool API run :meth:`submit`; one manager thread per pool
-starts and replaces workers and pulls lazy (imap) input.  All state is under
-one lock; replies are sent after it is released.
+Each worker talks to the pool over one authenticated stream
+(:mod:`fiberrl.runtime.stream`) whose thread runs :meth:`handle` on the
+worker's requests; a stream that ends is a worker lost.  Callers of the Pool
+API run :meth:`submit`; one manager thread per pool starts and replaces
+workers and pulls lazy (imap) input.  All state is under one lock; replies
+are sent after it is released.
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .. import wire
+from ..backends import get_backend
+from ..config import get_config
 from ..process import Process
-from ..transport import CLOSED, OK, Request
+from ..stream import Listener, Stream, StreamClosed
+from ..transport import CLOSED, OK
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
 from .worker import W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 
@@ -60,12 +65,38 @@ class Worker:
     def __init__(self, worker_id: int, process: Process):
         self.id, self.process = worker_id, process
         self.pipe_id: int | None = None
-        self.parked: Request | None = None
+        self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
         self.funcs: set[int] = set()
         self.tasks_done = 0
         self.retiring = False
         self.asked = False
+
+
+class WorkerRequest:
+    """One request read from a worker's stream; answered exactly once (a
+    posted result, W_RESULT, wants no answer)."""
+
+    __slots__ = ("_stream", "op", "body", "pipe_id", "_answered")
+
+    def __init__(self, stream: Stream, pipe_id: int, frame: bytearray):
+        self._stream = stream
+        self.op = frame[0]
+        self.body = memoryview(frame)[1:]
+        self.pipe_id = pipe_id
+        self._answered = threading.Lock()
+
+    def claim(self) -> bool:
+        """Reserve the right to answer; False if someone else already did."""
+        return self._answered.acquire(blocking=False)
+
+    def reply(self, status: int, *parts) -> None:
+        if self.op == W_RESULT or not self.claim():
+            return
+        try:
+            self._stream.send([bytes((status,)), *parts])
+        except StreamClosed:
+            pass  # the worker is gone; its loss is being handled
 
 
 class LazyInput:
@@ -77,9 +108,8 @@ class LazyInput:
 
 
 class Scheduler:
-    def __init__(self, hub, pool_id: bytes, size: int, initializer, initargs, maxtasksperchild,
+    def __init__(self, size: int, initializer, initargs, maxtasksperchild,
                  prefetch: int, max_task_crashes: int, worker_resources: dict):
-        self._hub, self._pool_id = hub, pool_id
         self._initializer, self._initargs = initializer, initargs
         self._maxtasks, self._prefetch, self._max_crashes = maxtasksperchild, prefetch, max_task_crashes
         self._worker_resources = worker_resources
@@ -101,7 +131,8 @@ class Scheduler:
         self._startup_deaths = 0
         self._broken: str | None = None
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
-        hub.host(pool_id, self)
+        self._stream_ids = itertools.count(1)
+        self._listener = Listener(get_config().host or get_backend().listen_host(), self._serve_worker)
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()
 
@@ -162,8 +193,18 @@ class Scheduler:
         if self._broken:
             raise RuntimeError(self._broken)
 
-    # --- the workers' requests (hub server thread) ------------------------
-    def handle(self, request: Request) -> None:
+    # --- the workers' requests (one thread per worker's stream) ------------
+    def _serve_worker(self, stream: Stream) -> None:
+        pipe_id = next(self._stream_ids)
+        try:
+            while True:
+                self.handle(WorkerRequest(stream, pipe_id, stream.recv()))
+        except StreamClosed:
+            pass
+        finally:
+            self.drop_requests_of(pipe_id)
+
+    def handle(self, request: WorkerRequest) -> None:
         op = request.op
         if op == W_RESULT or op == W_RESULT_GET:
             self._on_results(request, ask=op == W_RESULT_GET)
@@ -182,7 +223,7 @@ class Scheduler:
         else:
             request.reply(CLOSED)
 
-    def _park(self, request: Request) -> list:
+    def _park(self, request: WorkerRequest) -> list:
         """A worker asks for work: answer now if there is some, else later."""
         worker = self._by_pipe.get(request.pipe_id)
         if worker is None or self.state == TERMINATE:
@@ -192,7 +233,7 @@ class Scheduler:
         self._classify(worker)
         return self._dispatch() + self._retire_if_done(worker)
 
-    def _on_results(self, request: Request, ask: bool) -> None:
+    def _on_results(self, request: WorkerRequest, ask: bool) -> None:
         parts = wire.split(request.body)
         reports = pickle.loads(parts[0])
         delivered = []
@@ -226,7 +267,7 @@ class Scheduler:
         _send(replies)
 
     def drop_requests_of(self, pipe_id: int) -> None:
-        """A connection closed (from nng's thread): if it was a worker's, it is lost."""
+        """A worker's stream ended: the worker is lost."""
         with self._lock:
             worker = self._by_pipe.pop(pipe_id, None)
             if worker is not None:
@@ -366,7 +407,7 @@ class Scheduler:
                     return
                 worker_id = next(self._worker_ids)
                 process = Process(target=run_worker, name=f"PoolWorker-{worker_id}", daemon=True,
-                                  args=(self._hub.address, self._pool_id, worker_id, self._initializer,
+                                  args=(self._listener.address, worker_id, self._initializer,
                                         self._initargs))
                 process._resources = self._worker_resources
                 self._workers[worker_id] = Worker(worker_id, process)
@@ -418,7 +459,7 @@ class Scheduler:
         self._manager.join()
         for worker in list(self._workers.values()):
             worker.process.join()
-        self._hub.unhost(self._pool_id)
+        self._listener.close()
 
     def terminate(self) -> None:
         with self._lock:
@@ -434,7 +475,7 @@ class Scheduler:
         for worker in workers:
             worker.process.join(10)
         self._fail_everything(PoolTerminated("the pool was terminated before this result arrived"))
-        self._hub.unhost(self._pool_id)
+        self._listener.close()
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._lock:

@@ -1,11 +1,12 @@
 """The loop every pool worker runs.
 
-Two messages per chunk: the master's reply carries the chunks (up to its
-prefetch when it has a backlog), and the result of the last chunk of a batch
-travels in the worker's next request for work, which the master parks until
-it has more.  Results of earlier chunks of a batch are posted as soon as
-each is done.  Chunks run one after another in the order received, which is
-how the master knows which chunk was running when a worker died.
+Two messages per chunk over the worker's stream to the master: the master's
+reply carries the chunks (up to its prefetch when it has a backlog), and the
+result of the last chunk of a batch travels in the worker's next request for
+work, which the master parks until it has more.  Results of earlier chunks
+of a batch are sent as soon as each is done, without an answer.  Chunks run
+one after another in the order received, which is how the master knows
+which chunk was running when a worker died.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import traceback
 import cloudpickle
 
 from .. import wire
-from ..hub import get_hub
+from ..stream import StreamClosed, connect
 from ..transport import OK
 
 W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
@@ -55,27 +56,34 @@ def run_chunk(func, args_blob, star: bool) -> tuple[bool, bytearray]:
         return False, encode_error(TypeError(f"the result could not be pickled: {exc!r}"))
 
 
-def run_worker(master: str, pool_id: bytes, worker_id: int, initializer, initargs) -> None:
-    client = get_hub().client(master)
-    client.request(W_HELLO, pool_id, [WORKER_ID.pack(worker_id)])
-    if initializer is not None:
-        initializer(*initargs)
-    funcs: dict[int, object] = {}
-    ask = client.ask(W_GET, pool_id)
-    while True:
-        status, payload = ask.wait()
-        if status != OK:
-            break  # the master retires this worker
-        parts = wire.split(payload)
-        batch = pickle.loads(parts[0])
-        blobs = iter(parts[1:])
-        for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
-            if has_func:
-                funcs[func_id] = load_function(next(blobs))
-            ok, blob = run_chunk(funcs[func_id], next(blobs), star)
-            report = wire.frames([pickle.dumps([(chunk_id, ok)]), blob])
-            if i + 1 < len(batch):
-                client.post(W_RESULT, pool_id, report)
-            else:
-                ask = client.ask(W_RESULT_GET, pool_id, report)
-    client.flush()
+def run_worker(master: str, worker_id: int, initializer, initargs) -> None:
+    stream = connect(master)
+
+    def ask(op: int, parts=()):
+        stream.send([bytes((op,)), *parts])
+        reply = stream.recv()
+        return reply[0], memoryview(reply)[1:]
+
+    try:
+        ask(W_HELLO, [WORKER_ID.pack(worker_id)])
+        if initializer is not None:
+            initializer(*initargs)
+        funcs: dict[int, object] = {}
+        status, payload = ask(W_GET)
+        while status == OK:  # anything else: the master retires this worker
+            parts = wire.split(payload)
+            batch = pickle.loads(parts[0])
+            blobs = iter(parts[1:])
+            for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
+                if has_func:
+                    funcs[func_id] = load_function(next(blobs))
+                ok, blob = run_chunk(funcs[func_id], next(blobs), star)
+                report = wire.frames([pickle.dumps([(chunk_id, ok)]), blob])
+                if i + 1 < len(batch):
+                    stream.send([bytes((W_RESULT,)), *report])
+                else:
+                    status, payload = ask(W_RESULT_GET, report)
+    except StreamClosed:
+        pass  # the master is gone; so is the work
+    finally:
+        stream.close()
