@@ -109,11 +109,7 @@ class Stream:
         return self._end > self._start or bool(select.select([self.sock], [], [], timeout)[0])
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        _close(self.sock)
 
 
 def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
@@ -193,8 +189,13 @@ class Listener:
             stream.close()
 
     def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        _close(self._sock)
+
+
+def _close(sock: socket.socket) -> None:
+    """Close now, waking any thread blocked on the socket."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
