@@ -25,11 +25,12 @@ class ManagerError(ConnectionError):
 
 
 class Connection:
-    """This process's stream to one manager, shared by its threads.
+    """A thread's stream to one manager.
 
     Calls are sent at once; replies carry their call's id.  Whichever thread
-    is waiting reads the stream itself (no reader thread to hop through) and
-    files replies meant for others where they will find them.
+    is waiting (a handle may be collected on another thread) reads the stream
+    itself, with no reader thread to hop through, and files replies meant for
+    others where they will find them.
     """
 
     def __init__(self, address: str):
@@ -42,7 +43,7 @@ class Connection:
 
     def call(self, op: int, token: int, parts=(), reply: bool = True) -> int:
         call_id = next(self._ids) if reply else 0
-        self.stream.send([HEAD.pack(op, call_id, threading.get_ident(), token), *parts])
+        self.stream.send([HEAD.pack(op, call_id, token), *parts])
         return call_id
 
     def reply(self, call_id: int, timeout: float | None = None) -> memoryview:
@@ -80,26 +81,20 @@ class Connection:
             self._replies[CALL_ID.unpack_from(frame)[0]] = frame
 
 
-_connections: dict[str, Connection] = {}
-_connections_pid = os.getpid()
-_connections_lock = threading.Lock()
+_local = threading.local()
 
 
-def connection(address: str, dial: bool = True) -> Connection | None:
-    """This process's live connection to ``address`` (opened if ``dial``)."""
-    global _connections, _connections_pid
-    conn = _connections.get(address)
-    if conn is not None and conn.error is None and _connections_pid == os.getpid():
-        return conn
-    if not dial:
-        return None
-    with _connections_lock:
-        if _connections_pid != os.getpid():
-            _connections, _connections_pid = {}, os.getpid()
-        conn = _connections.get(address)
-        if conn is None or conn.error is not None:
-            conn = _connections[address] = Connection(address)
-        return conn
+def connection(address: str) -> Connection:
+    """This thread's live connection to ``address``: one per thread, so a
+    call that blocks in the server holds up no other thread."""
+    conns = getattr(_local, "conns", None)
+    if conns is None or _local.pid != os.getpid():
+        conns = _local.conns = {}
+        _local.pid = os.getpid()
+    conn = conns.get(address)
+    if conn is None or conn.error is not None:
+        conn = conns[address] = Connection(address)
+    return conn
 
 
 class ManagerRef:
@@ -148,12 +143,10 @@ def _queue_release(address: str, token: int) -> None:
 def _send_releases() -> None:
     while _releases:
         address, token = _releases.popleft()
-        conn = connection(address, dial=False)
-        if conn is not None:
-            try:
-                conn.call(M_DECREF, token, reply=False)
-            except StreamClosed:
-                pass  # the manager went away: nothing left to release
+        try:
+            connection(address).call(M_DECREF, token, reply=False)
+        except (StreamClosed, PermissionError):
+            pass  # the manager went away: nothing left to release
 
 
 def create(ref: ManagerRef, typeid: str, args, kwds, manager=None) -> "BaseProxy":

@@ -1,19 +1,18 @@
 """The manager's server: runs in the manager's job-backed process and holds
 the shared objects; proxies in any process of the run call their methods.
 
-Each process talks to the server over one authenticated stream
-(:mod:`fiberrl.runtime.stream`).  A threaded server runs the calls of each
-calling thread in order on a thread of their own, so a blocking call (a
-``Lock.acquire``, a ``Queue.get``) only holds up its own caller, as with
-``multiprocessing``.  An inline server runs every call, one at a time, on
-the thread that read it: no thread hop, which is what an environment server
-stepping one env per call wants.
+Each thread of a client process talks to the server over a stream of its
+own (:mod:`fiberrl.runtime.stream`), served by a thread of its own, as
+``multiprocessing`` gives each a connection: calls run in the order sent,
+on the thread that read them (no hop), and a blocking call (a
+``Lock.acquire``, a ``Queue.get``) holds up only its caller.  An inline
+server (AsyncManager) also runs calls one at a time, whichever stream sent
+them.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import itertools
-import queue
 import struct
 import threading
 import traceback
@@ -24,8 +23,8 @@ from ..config import get_config
 from ..stream import Listener, Stream, StreamClosed
 
 M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT = range(1, 7)
-# a call: op, call id (0: no reply wanted), calling thread, object token; then its pickled arguments
-HEAD = struct.Struct("<BQQq")
+# a call: op, call id (0: no reply wanted), object token; then its pickled arguments
+HEAD = struct.Struct("<BQq")
 CALL_ID = struct.Struct("<Q")  # a reply: the call it answers, then the pickled reply
 GETVALUE = "#getvalue"  # a copy of the object itself
 # reply kinds
@@ -47,44 +46,6 @@ class Entry:
         self.method_to_typeid = method_to_typeid or {}
 
 
-class Lanes:
-    """One thread per calling thread of each connected process, as
-    ``multiprocessing`` has one per connection: its calls run in order, on the
-    same thread (an ``RLock`` must be released by the thread that took it)."""
-
-    def __init__(self):
-        self._lanes: dict[tuple, queue.SimpleQueue] = {}
-        self._lock = threading.Lock()
-
-    def submit(self, key: tuple, fn) -> None:
-        with self._lock:
-            lane = self._lanes.get(key)
-            if lane is None:
-                lane = self._lanes[key] = queue.SimpleQueue()
-                threading.Thread(target=_run_lane, args=(lane,), name="fiberrl-manager-call", daemon=True).start()
-        lane.put(fn)
-
-    def close_stream(self, stream_id: int) -> None:
-        with self._lock:
-            keys = [key for key in self._lanes if key[0] == stream_id]
-            for key in keys:
-                self._lanes.pop(key).put(None)
-
-    def close(self) -> None:
-        with self._lock:
-            lanes, self._lanes = list(self._lanes.values()), {}
-        for lane in lanes:
-            lane.put(None)
-
-
-def _run_lane(lane: queue.SimpleQueue) -> None:
-    while True:
-        fn = lane.get()
-        if fn is None:
-            return
-        fn()
-
-
 class ManagerServer:
     """Serves the manager's streams: one thread reads each connected process's calls."""
 
@@ -93,37 +54,30 @@ class ManagerServer:
         self._objects: dict[int, Entry] = {}
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
-        self._lanes = None if inline else Lanes()
-        self._inline_lock = threading.Lock()  # inline calls run one at a time, whichever stream sent them
+        # inline calls run one at a time, whichever stream sent them; others on their stream's thread
+        self._call_lock = threading.Lock() if inline else contextlib.nullcontext()
         self.stopped = threading.Event()
 
     def serve(self, stream: Stream) -> None:
-        try:
-            while True:
-                frame = stream.recv()
-                op, call_id, caller, token = HEAD.unpack_from(frame)
-                payload = memoryview(frame)[HEAD.size:]
-                if op == M_CALL or op == M_CREATE:
-                    if self._lanes is None:
-                        with self._inline_lock:
-                            self._run(stream, call_id, op, token, payload)
-                    else:
-                        self._lanes.submit((id(stream), caller),
-                                           functools.partial(self._run, stream, call_id, op, token, payload))
-                elif op == M_DECREF:
-                    self._change_refs(token, -1)  # one-way: nothing to answer
-                elif op == M_INCREF:
-                    _reply(stream, call_id, (RETURN, self._change_refs(token, 1)))
-                elif op == M_COUNT:
-                    _reply(stream, call_id, (RETURN, len(self._objects)))
-                elif op == M_SHUTDOWN:
-                    _reply(stream, call_id, (RETURN, None))
-                    self.stopped.set()
-                else:
-                    _reply(stream, call_id, (RAISE, (ValueError(f"unknown manager op {op}"), "")))
-        finally:
-            if self._lanes is not None:
-                self._lanes.close_stream(id(stream))
+        """Serve one stream (one thread of a client process) until it closes."""
+        while True:
+            frame = stream.recv()
+            op, call_id, token = HEAD.unpack_from(frame)
+            payload = memoryview(frame)[HEAD.size:]
+            if op == M_CALL or op == M_CREATE:
+                with self._call_lock:
+                    self._run(stream, call_id, op, token, payload)
+            elif op == M_DECREF:
+                self._change_refs(token, -1)  # one-way: nothing to answer
+            elif op == M_INCREF:
+                _reply(stream, call_id, (RETURN, self._change_refs(token, 1)))
+            elif op == M_COUNT:
+                _reply(stream, call_id, (RETURN, len(self._objects)))
+            elif op == M_SHUTDOWN:
+                _reply(stream, call_id, (RETURN, None))
+                self.stopped.set()
+            else:
+                _reply(stream, call_id, (RAISE, (ValueError(f"unknown manager op {op}"), "")))
 
     def _run(self, stream: Stream, call_id: int, op: int, token: int, payload) -> None:
         try:
@@ -176,8 +130,6 @@ class ManagerServer:
         return True
 
     def close(self) -> None:
-        if self._lanes is not None:
-            self._lanes.close()
         with self._lock:
             self._objects.clear()
 
