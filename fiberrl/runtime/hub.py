@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from .backends import get_backend
+from .backends import listen_host
 from .config import get_config
 from .transport import MISSING, OK, Client, PeerGone, Request, Server
 
@@ -80,7 +80,7 @@ class Hub:
         if self._server is None:
             with self._lock:
                 if self._server is None:
-                    host = get_config().host or get_backend().listen_host()
+                    host = listen_host()
                     self._server = Server(host, self._handle, self._forget_requests_of)
         return self._server.address
 

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from .backends import get_backend
-from .config import get_config
+from .backends import listen_host
 from .meta import resources_of
 from .pool.results import with_remote_traceback
 from .process import Process
@@ -295,7 +294,7 @@ def _listen(host: str, backlog: int) -> socket.socket:
 def _member(rank, size, func, initializer, initargs, gpu, results: Queue, roster: Queue) -> None:
     """What each member runs, in its own job."""
     try:
-        host = get_config().host or get_backend().listen_host()
+        host = listen_host()
         # first of all, so the port is held before anyone is told of it
         listener = _listen(host, size) if rank == 0 else None
         results.put(("hello", rank, host, listener.getsockname()[1] if listener is not None else None))

@@ -20,4 +20,10 @@ def get_backend(name: str | None = None) -> Backend:
     return _instances[name]
 
 
-__all__ = ["Backend", "Job", "JobSpec", "JobStatus", "get_backend"]
+def listen_host() -> str:
+    """The address this process listens on: the configured host, else the backend's."""
+    from ..config import get_config
+    return get_config().host or get_backend().listen_host()
+
+
+__all__ = ["Backend", "Job", "JobSpec", "JobStatus", "get_backend", "listen_host"]

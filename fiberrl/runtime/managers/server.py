@@ -18,8 +18,7 @@ import threading
 import traceback
 
 from .. import wire
-from ..backends import get_backend
-from ..config import get_config
+from ..backends import listen_host
 from ..stream import Listener, Stream, StreamClosed
 
 M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT = range(1, 7)
@@ -157,7 +156,7 @@ def _portable_error(exc: BaseException) -> tuple:
 def serve(registry: dict, inline: bool, address_queue) -> None:
     """The manager process's target: serve on a stream listener, say where, run until shut down."""
     server = ManagerServer(registry, inline)
-    listener = Listener(get_config().host or get_backend().listen_host(), server.serve)
+    listener = Listener(listen_host(), server.serve)
     address_queue.put(listener.address)
     server.stopped.wait()
     listener.close()

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .. import wire
-from ..backends import get_backend
-from ..config import get_config
+from ..backends import listen_host
 from ..process import Process
 from ..stream import Listener, Stream, StreamClosed
 from ..transport import CLOSED, OK
@@ -132,7 +131,7 @@ class Scheduler:
         self._broken: str | None = None
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
         self._stream_ids = itertools.count(1)
-        self._listener = Listener(get_config().host or get_backend().listen_host(), self._serve_worker)
+        self._listener = Listener(listen_host(), self._serve_worker)
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()
 
