@@ -59,11 +59,11 @@ class Chunk:
 
 
 class Worker:
-    __slots__ = ("id", "process", "pipe_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked")
+    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked")
 
     def __init__(self, worker_id: int, process: Process):
         self.id, self.process = worker_id, process
-        self.pipe_id: int | None = None
+        self.stream_id: int | None = None
         self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
         self.funcs: set[int] = set()
@@ -76,13 +76,13 @@ class WorkerRequest:
     """One request read from a worker's stream; answered exactly once (a
     posted result, W_RESULT, wants no answer)."""
 
-    __slots__ = ("_stream", "op", "body", "pipe_id", "_answered")
+    __slots__ = ("_stream", "op", "body", "stream_id", "_answered")
 
-    def __init__(self, stream: Stream, pipe_id: int, frame: bytearray):
+    def __init__(self, stream: Stream, stream_id: int, frame: bytearray):
         self._stream = stream
         self.op = frame[0]
         self.body = memoryview(frame)[1:]
-        self.pipe_id = pipe_id
+        self.stream_id = stream_id
         self._answered = threading.Lock()
 
     def claim(self) -> bool:
@@ -118,7 +118,7 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self._pending: deque[Chunk] = deque()
         self._workers: dict[int, Worker] = {}
-        self._by_pipe: dict[int, Worker] = {}
+        self._by_stream: dict[int, Worker] = {}
         self._idle: dict[Worker, None] = {}  # parked, nothing in flight
         self._busy: dict[Worker, None] = {}  # parked, room for more
         self._lost: deque[Worker] = deque()
@@ -194,14 +194,14 @@ class Scheduler:
 
     # --- the workers' requests (one thread per worker's stream) ------------
     def _serve_worker(self, stream: Stream) -> None:
-        pipe_id = next(self._stream_ids)
+        stream_id = next(self._stream_ids)
         try:
             while True:
-                self.handle(WorkerRequest(stream, pipe_id, stream.recv()))
+                self.handle(WorkerRequest(stream, stream_id, stream.recv()))
         except StreamClosed:
             pass
         finally:
-            self.drop_requests_of(pipe_id)
+            self._worker_stream_ended(stream_id)
 
     def handle(self, request: WorkerRequest) -> None:
         op = request.op
@@ -216,15 +216,15 @@ class Scheduler:
             with self._lock:
                 worker = self._workers.get(worker_id)
                 if worker is not None:
-                    worker.pipe_id = request.pipe_id
-                    self._by_pipe[request.pipe_id] = worker
+                    worker.stream_id = request.stream_id
+                    self._by_stream[request.stream_id] = worker
             request.reply(OK if worker is not None else CLOSED)
         else:
             request.reply(CLOSED)
 
     def _park(self, request: WorkerRequest) -> list:
         """A worker asks for work: answer now if there is some, else later."""
-        worker = self._by_pipe.get(request.pipe_id)
+        worker = self._by_stream.get(request.stream_id)
         if worker is None or self.state == TERMINATE:
             return [(request, CLOSED, [])]
         worker.parked, worker.asked = request, True
@@ -237,7 +237,7 @@ class Scheduler:
         reports = pickle.loads(parts[0])
         delivered = []
         with self._lock:
-            worker = self._by_pipe.get(request.pipe_id)
+            worker = self._by_stream.get(request.stream_id)
             if worker is None:
                 request.reply(CLOSED)
                 return  # from a worker already given up for lost: its chunks went elsewhere
@@ -261,14 +261,12 @@ class Scheduler:
                 self._wake.notify_all()
         for chunk, ok, blob in delivered:
             _deliver(chunk, ok, blob)
-        if not ask:
-            request.reply(OK)
         _send(replies)
 
-    def drop_requests_of(self, pipe_id: int) -> None:
+    def _worker_stream_ended(self, stream_id: int) -> None:
         """A worker's stream ended: the worker is lost."""
         with self._lock:
-            worker = self._by_pipe.pop(pipe_id, None)
+            worker = self._by_stream.pop(stream_id, None)
             if worker is not None:
                 self._lost.append(worker)
                 self._wake.notify_all()
@@ -315,7 +313,7 @@ class Scheduler:
     def _manage(self) -> None:
         while True:
             with self._lock:
-                starting = [w for w in self._workers.values() if w.pipe_id is None]
+                starting = [w for w in self._workers.values() if w.stream_id is None]
                 if not self._needs_attention():
                     self._wake.wait(0.5 if starting else None)
                 if self.state == TERMINATE:
@@ -360,7 +358,7 @@ class Scheduler:
         with self._lock:
             if self._workers.pop(worker.id, None) is None:
                 return
-            self._by_pipe.pop(worker.pipe_id, None)
+            self._by_stream.pop(worker.stream_id, None)
             if worker.parked is not None:
                 worker.parked.claim()  # nobody is left to answer
                 worker.parked = None
@@ -503,8 +501,8 @@ class Scheduler:
         with self._lock:
             workers = list(self._workers.values())
             return PoolStatistics(
-                workers_alive=sum(1 for w in workers if w.pipe_id is not None),
-                workers_starting=sum(1 for w in workers if w.pipe_id is None),
+                workers_alive=sum(1 for w in workers if w.stream_id is not None),
+                workers_starting=sum(1 for w in workers if w.stream_id is None),
                 tasks_pending=sum(c.count for c in self._pending),
                 tasks_in_flight=self._counts["in_flight"],
                 tasks_done=self._counts["done"],
