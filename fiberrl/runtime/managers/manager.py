@@ -165,8 +165,8 @@ class SyncManager(BaseManager):
     Value, Array, Queue, Lock, RLock, Semaphore, Condition, Event, Barrier."""
 
 
-for _typeid, (_callable, _proxytype, _exposed) in SYNC_TYPES.items():
-    SyncManager.register(_typeid, _callable, _proxytype, exposed=_exposed)
+for _typeid, (_callable, _proxytype) in SYNC_TYPES.items():
+    SyncManager.register(_typeid, _callable, _proxytype)
 
 
 class AsyncManager(BaseManager):

@@ -284,11 +284,14 @@ def _forwarder(name: str, is_async: bool):
     return method
 
 
-def forwarding(*names):
-    """Class decorator: give a proxy class a method forwarding each name (unless it defines one)."""
+def forwarding(*names, also=()):
+    """Class decorator: give a proxy class a method forwarding each name
+    (unless it defines one), and expose those names, its base's and ``also``
+    (methods its own code calls) in its ``_exposed_``."""
     def decorate(cls):
         for name in names:
             if name not in cls.__dict__:
                 setattr(cls, name, _forwarder(name, False))
+        cls._exposed_ = tuple(getattr(cls, "_exposed_", ())) + names + tuple(also)
         return cls
     return decorate

@@ -55,7 +55,7 @@ def shared_dict(*args, **kwds):
 
 
 @forwarding("__contains__", "__delitem__", "__getitem__", "__len__", "__setitem__", "clear", "copy", "get",
-            "items", "keys", "pop", "popitem", "setdefault", "update", "values")
+            "items", "keys", "pop", "popitem", "setdefault", "update", "values", also=("__repr__",))
 class DictProxy(BaseProxy):
     def __iter__(self):
         return iter(self.keys())
@@ -63,7 +63,7 @@ class DictProxy(BaseProxy):
 
 @forwarding("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__", "__rmul__",
             "__setitem__", "append", "count", "extend", "index", "insert", "pop", "remove", "reverse", "sort",
-            "copy")
+            "copy", also=("__imul__", "__repr__"))
 class ListProxy(BaseProxy):
     def __iter__(self):
         return iter(self.copy())
@@ -78,6 +78,8 @@ class ListProxy(BaseProxy):
 
 
 class NamespaceProxy(BaseProxy):
+    _exposed_ = ("__getattribute__", "__setattr__", "__delattr__", "__repr__")
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -94,12 +96,12 @@ class NamespaceProxy(BaseProxy):
         return self._callmethod("__delattr__", (name,))
 
 
-@forwarding("get", "set")
+@forwarding("get", "set", also=("__repr__",))
 class ValueProxy(BaseProxy):
     value = property(lambda self: self.get(), lambda self, v: self.set(v))
 
 
-@forwarding("__len__", "__getitem__", "__setitem__", "tolist")
+@forwarding("__len__", "__getitem__", "__setitem__", "tolist", also=("__repr__",))
 class ArrayProxy(BaseProxy):
     pass
 
@@ -123,31 +125,27 @@ class EventProxy(BaseProxy):
     pass
 
 
-@forwarding("wait", "abort", "reset")
+@forwarding("wait", "abort", "reset", also=("__getattribute__",))
 class BarrierProxy(BaseProxy):
     parties = property(lambda self: self._callmethod("__getattribute__", ("parties",)))
     n_waiting = property(lambda self: self._callmethod("__getattribute__", ("n_waiting",)))
     broken = property(lambda self: self._callmethod("__getattribute__", ("broken",)))
 
 
-# typeid -> (callable, proxytype, exposed); exposed None = the object's public methods
+# typeid -> (callable, proxytype); a proxytype exposes its _exposed_, None all public methods
 SYNC_TYPES = {
-    "dict": (shared_dict, DictProxy, ("__contains__", "__delitem__", "__getitem__", "__len__", "__setitem__",
-                                      "__repr__", "clear", "copy", "get", "items", "keys", "pop", "popitem",
-                                      "setdefault", "update", "values")),
-    "list": (list, ListProxy, ("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__",
-                               "__rmul__", "__setitem__", "__imul__", "__repr__", "append", "count", "extend",
-                               "index", "insert", "pop", "remove", "reverse", "sort", "copy")),
-    "Namespace": (Namespace, NamespaceProxy, ("__getattribute__", "__setattr__", "__delattr__", "__repr__")),
-    "Value": (Value, ValueProxy, ("get", "set", "__repr__")),
-    "Array": (Array, ArrayProxy, ("__len__", "__getitem__", "__setitem__", "tolist", "__repr__")),
-    "Lock": (threading.Lock, AcquirerProxy, ("acquire", "release")),
-    "RLock": (threading.RLock, AcquirerProxy, ("acquire", "release")),
-    "Semaphore": (threading.Semaphore, AcquirerProxy, ("acquire", "release")),
-    "BoundedSemaphore": (threading.BoundedSemaphore, AcquirerProxy, ("acquire", "release")),
-    "Condition": (threading.Condition, ConditionProxy, ("acquire", "release", "wait", "notify", "notify_all")),
-    "Event": (threading.Event, EventProxy, ("is_set", "set", "clear", "wait")),
-    "Barrier": (threading.Barrier, BarrierProxy, ("__getattribute__", "wait", "abort", "reset")),
-    "Queue": (queue.Queue, None, None),
-    "JoinableQueue": (queue.Queue, None, None),
+    "dict": (shared_dict, DictProxy),
+    "list": (list, ListProxy),
+    "Namespace": (Namespace, NamespaceProxy),
+    "Value": (Value, ValueProxy),
+    "Array": (Array, ArrayProxy),
+    "Lock": (threading.Lock, AcquirerProxy),
+    "RLock": (threading.RLock, AcquirerProxy),
+    "Semaphore": (threading.Semaphore, AcquirerProxy),
+    "BoundedSemaphore": (threading.BoundedSemaphore, AcquirerProxy),
+    "Condition": (threading.Condition, ConditionProxy),
+    "Event": (threading.Event, EventProxy),
+    "Barrier": (threading.Barrier, BarrierProxy),
+    "Queue": (queue.Queue, None),
+    "JoinableQueue": (queue.Queue, None),
 }
