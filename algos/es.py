@@ -1,0 +1,341 @@
+"""Evolution strategies after Salimans et al. 2017, "Evolution Strategies as a
+Scalable Alternative to Reinforcement Learning" (OpenAI's ES).
+
+Each iteration the master draws `population` noise-table indices, every
+perturbation is evaluated mirrored (theta + sigma*eps and theta - sigma*eps)
+by a pool worker, and the master turns the returns into centered ranks and
+takes an Adam step on the rank-weighted sum of the perturbations.
+
+What travels: a worker is sent (iteration, noise index, env seed) per
+perturbation and returns (noise index, return of +eps, return of -eps,
+steps), plus the observation sums of the ~1% of perturbations picked to feed
+the running observation normalisation.  The noise itself is a table every
+host builds once from the seed (`fiberrl.noise`); the parameters are
+published once per iteration to a parameter server that each worker reads
+once per iteration, never pickled per task.
+
+Determinism: every random choice (indices, env seeds, which episodes feed
+the observation statistics) is drawn by the master from one seeded
+generator, results come back in task order whatever worker ran them, and
+the update sums in a fixed order.  So the same seed gives bit-identical
+parameters with any number of workers, when workers die mid-run, and after
+a resume from a checkpoint.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import fiberrl.runtime as mp
+from fiberrl.envs import make_env
+from fiberrl.noise import NoiseTable
+from fiberrl.policies import make_policy, run_episode
+
+
+@dataclass
+class Config:
+    """The hyperparameters of ES; also the Hydra schema of ``algo=es``."""
+    name: str = "es"
+    iterations: int = 200             # ES updates to run (a resumed run continues up to this)
+    population: int = 256             # perturbations per iteration; each is evaluated at +eps and -eps
+    sigma: float = 0.02               # noise standard deviation
+    learning_rate: float = 0.01       # Adam step size
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 0.005       # L2 coefficient added to the gradient
+    policy: str = "mlp"               # "mlp" (numpy) or "torch_mlp" (a torch module)
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    noise_size: int = 250_000_000     # float32 numbers in the shared noise table (1 GB)
+    obstat_prob: float = 0.01         # share of perturbations whose observations update the normaliser
+    obs_clip: float = 5.0             # normalised observations are clipped to +-obs_clip
+    episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)
+    eval_episodes: int = 5            # episodes of the unperturbed policy per iteration, for eval_reward
+    checkpoint_every: int = 10        # iterations between checkpoints
+    stop_reward: float | None = None  # stop once eval_reward reaches this
+    chunksize: int | None = None      # perturbations per pool task (None: the pool's default)
+
+
+# --- the ask/tell core: no workers, no environments -------------------------
+
+class RunningStat:
+    """Running mean and std of observations, from sums (as OpenAI's ES)."""
+
+    def __init__(self, shape, eps: float = 1e-2):
+        self.sum = np.zeros(shape, dtype=np.float64)
+        self.sumsq = np.full(shape, eps, dtype=np.float64)
+        self.count = eps
+
+    def increment(self, total, total_sq, count) -> None:
+        self.sum += total
+        self.sumsq += total_sq
+        self.count += count
+
+    @property
+    def mean(self) -> np.ndarray:
+        return (self.sum / self.count).astype(np.float32)
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(np.maximum(self.sumsq / self.count - np.square(self.sum / self.count), 1e-2)).astype(np.float32)
+
+
+class Adam:
+    def __init__(self, size: int, learning_rate: float, beta1: float, beta2: float, epsilon: float = 1e-8):
+        self.learning_rate, self.beta1, self.beta2, self.epsilon = learning_rate, beta1, beta2, epsilon
+        self.m = np.zeros(size, dtype=np.float32)
+        self.v = np.zeros(size, dtype=np.float32)
+        self.t = 0
+
+    def step(self, gradient: np.ndarray) -> np.ndarray:
+        """The change to make to the parameters to descend ``gradient``."""
+        self.t += 1
+        a = self.learning_rate * np.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
+        self.m = self.beta1 * self.m + (1 - self.beta1) * gradient
+        self.v = self.beta2 * self.v + (1 - self.beta2) * (gradient * gradient)
+        return (-a * self.m / (np.sqrt(self.v) + self.epsilon)).astype(np.float32)
+
+
+def centered_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks scaled to [-0.5, 0.5]; ties broken by position, so the result is deterministic."""
+    ranks = np.empty(x.size, dtype=np.float32)
+    ranks[np.argsort(x.ravel(), kind="stable")] = np.arange(x.size, dtype=np.float32)
+    return (ranks / (x.size - 1) - 0.5).reshape(x.shape)
+
+
+@dataclass
+class Perturbations:
+    """What one iteration asks to be evaluated."""
+    noise_index: np.ndarray  # start of each perturbation's slice of the noise table
+    env_seed: np.ndarray     # the seed both mirrored episodes reset with
+    record_obs: np.ndarray   # whether this perturbation's observations feed the normaliser
+
+
+class ES:
+    """ask() the perturbations to evaluate, tell() their returns, repeat."""
+
+    _ROWS_PER_BLOCK = 512  # noise rows gathered at once when summing the update
+
+    def __init__(self, theta: np.ndarray, config: Config, noise: NoiseTable, seed: int, obs_shape=()):
+        self.theta = np.array(theta, dtype=np.float32)
+        self.config, self.noise = config, noise
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.adam = Adam(self.theta.size, config.learning_rate, config.adam_beta1, config.adam_beta2)
+        self.obs_stat = RunningStat(obs_shape)
+
+    def ask(self) -> Perturbations:
+        n = self.config.population
+        return Perturbations(
+            noise_index=self.noise.sample_index(self.rng, self.theta.size, n),
+            env_seed=self.rng.integers(0, 2**31 - 1, size=n),
+            record_obs=self.rng.random(n) < self.config.obstat_prob,
+        )
+
+    def perturbation(self, noise_index: int) -> np.ndarray:
+        return self.config.sigma * self.noise.get(int(noise_index), self.theta.size)
+
+    def tell(self, asked: Perturbations, returns_pos, returns_neg) -> float:
+        """Update theta from the mirrored returns; returns the gradient's norm."""
+        returns = np.stack([np.asarray(returns_pos, np.float64), np.asarray(returns_neg, np.float64)], axis=1)
+        if returns.shape != (asked.noise_index.size, 2):
+            raise ValueError(f"tell() needs a return pair for each of the {asked.noise_index.size} perturbations "
+                             f"asked, got {returns.shape[0]}")
+        ranks = centered_ranks(returns)
+        weights = ranks[:, 0] - ranks[:, 1]
+        gradient = np.zeros(self.theta.size, dtype=np.float32)
+        dim, block = self.theta.size, self._ROWS_PER_BLOCK
+        for start in range(0, weights.size, block):
+            rows = np.stack([self.noise.get(int(i), dim) for i in asked.noise_index[start:start + block]])
+            gradient += weights[start:start + block] @ rows
+        gradient /= returns.size
+        self.theta += self.adam.step(-gradient + self.config.weight_decay * self.theta)
+        return float(np.linalg.norm(gradient))
+
+    def state(self) -> tuple[dict, dict]:
+        """(arrays, JSON-able values) that restore this optimiser exactly."""
+        arrays = dict(theta=self.theta, adam_m=self.adam.m, adam_v=self.adam.v,
+                      obs_sum=self.obs_stat.sum, obs_sumsq=self.obs_stat.sumsq)
+        values = dict(adam_t=self.adam.t, obs_count=self.obs_stat.count, rng=self.rng.bit_generator.state)
+        return arrays, values
+
+    def restore(self, arrays: dict, values: dict) -> None:
+        if arrays["theta"].shape != self.theta.shape:
+            raise ValueError(f"the checkpoint holds {arrays['theta'].size} parameters, this policy has "
+                             f"{self.theta.size}")
+        self.theta = arrays["theta"].astype(np.float32)
+        self.adam.m, self.adam.v, self.adam.t = arrays["adam_m"], arrays["adam_v"], int(values["adam_t"])
+        self.obs_stat.sum, self.obs_stat.sumsq = arrays["obs_sum"], arrays["obs_sumsq"]
+        self.obs_stat.count = values["obs_count"]
+        self.rng.bit_generator.state = values["rng"]
+
+
+# --- the workers' side --------------------------------------------------------
+
+class ParamStore:
+    """Holds the current iteration's parameters, in the parameter server."""
+
+    def __init__(self):
+        self.version, self.params = -1, None
+
+    def publish(self, version: int, params: tuple) -> None:
+        self.version, self.params = version, params
+
+    def fetch(self, version: int) -> tuple:
+        if version != self.version:
+            raise RuntimeError(f"a worker asked for the parameters of iteration {version}, the server holds "
+                               f"iteration {self.version}")
+        return self.params
+
+
+class ParamServer(mp.BaseManager):
+    pass
+
+
+ParamServer.register("ParamStore", ParamStore)
+
+
+@dataclass
+class EvaluatorSpec:
+    """What a worker needs to build its evaluator; small, sent once per worker."""
+    env_id: str
+    env_kwargs: dict
+    env_steps: int | None
+    policy: str
+    hidden: list
+    noise_seed: int
+    noise_size: int
+    sigma: float
+    obs_clip: float
+
+
+class Evaluator:
+    """One per worker process: its env, its policy, this host's noise table."""
+
+    def __init__(self, spec: EvaluatorSpec, store):
+        self.spec, self.store = spec, store
+        self.env = make_env(spec.env_id, spec.env_kwargs, spec.env_steps)
+        self.policy = make_policy(spec.policy, self.env.observation_space, self.env.action_space, spec.hidden)
+        self.noise = NoiseTable(spec.noise_seed, spec.noise_size)
+        self.version = -1
+
+    def _load(self, version: int) -> None:
+        if version != self.version:
+            self.theta, self.obs_mean, self.obs_std = self.store.fetch(version)
+            self.version = version
+
+    def __call__(self, task):
+        version, kind, noise_index, seed, record = task
+        self._load(version)
+        args = (self.env, self.policy, self.obs_mean, self.obs_std, self.spec.obs_clip, seed)
+        if kind == "eval":
+            self.policy.set_params(self.theta)
+            reward, steps, _ = run_episode(*args, False)
+            return reward, steps
+        eps = self.spec.sigma * self.noise.get(noise_index, self.theta.size)
+        self.policy.set_params(self.theta + eps)
+        r_pos, n_pos, sums = run_episode(*args, record)
+        self.policy.set_params(self.theta - eps)
+        r_neg, n_neg, _ = run_episode(*args, False)
+        return noise_index, r_pos, r_neg, n_pos + n_neg, sums
+
+
+_evaluator: Evaluator | None = None
+
+
+def init_worker(spec: EvaluatorSpec, store) -> None:
+    global _evaluator
+    _evaluator = Evaluator(spec, store)
+
+
+def evaluate(task):
+    return _evaluator(task)
+
+
+# --- the training loop ----------------------------------------------------------
+
+def train(cfg, run, on_iteration=None) -> dict:
+    """Run ES as ``cfg`` (the composed app config) says, writing into ``run``
+    (a ``fiberrl.run.RunDirectory``).  ``on_iteration(iteration, pool)`` is
+    called after every update.  Returns the final parameters and a summary."""
+    algo = cfg.algo
+    env = make_env(cfg.env.id, dict(cfg.env.kwargs), cfg.env.max_episode_steps)
+    policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
+    noise = NoiseTable(cfg.seed, algo.noise_size)
+    init_rng = np.random.Generator(np.random.PCG64([cfg.seed, 1]))
+    es = ES(policy.initial_params(init_rng), algo, noise, seed=cfg.seed, obs_shape=env.observation_space.shape)
+    env.close()
+
+    start, timesteps, elapsed, best = 0, 0, 0.0, -np.inf
+    checkpoint = run.load_checkpoint()
+    if checkpoint is not None:
+        arrays, values = checkpoint
+        es.restore(arrays, values)
+        start, timesteps, elapsed, best = values["iteration"] + 1, values["timesteps"], values["time_s"], values["best"]
+        run.truncate_metrics(after_iteration=values["iteration"])
+        run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
+
+    spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), algo.episode_steps or cfg.env.max_episode_steps,
+                         algo.policy, list(algo.hidden), cfg.seed, algo.noise_size, algo.sigma, algo.obs_clip)
+    summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
+    server = ParamServer()
+    server.start()
+    store = server.ParamStore()
+    pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
+    began = time.perf_counter() - elapsed
+    try:
+        for iteration in range(start, algo.iterations):
+            t0 = time.perf_counter()
+            asked = es.ask()
+            eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
+            store.publish(iteration, (es.theta, es.obs_stat.mean, es.obs_stat.std))
+            tasks = [(iteration, "pair", int(i), int(s), bool(r))
+                     for i, s, r in zip(asked.noise_index, asked.env_seed, asked.record_obs, strict=True)]
+            tasks += [(iteration, "eval", 0, int(s), False) for s in eval_seeds]
+            t_master = time.perf_counter() - t0
+
+            results = pool.map(evaluate, tasks, chunksize=algo.chunksize)
+
+            t1 = time.perf_counter()
+            pairs, evals = results[:algo.population], results[algo.population:]
+            returns_pos = np.array([r[1] for r in pairs])
+            returns_neg = np.array([r[2] for r in pairs])
+            for *_, sums in pairs:
+                if sums is not None:
+                    es.obs_stat.increment(*sums)
+            evaluated = dict(theta=es.theta.copy(), obs_mean=es.obs_stat.mean, obs_std=es.obs_stat.std)
+            grad_norm = es.tell(asked, returns_pos, returns_neg)
+            t_master += time.perf_counter() - t1
+
+            timesteps += int(sum(r[3] for r in pairs))
+            both = np.concatenate([returns_pos, returns_neg])
+            eval_reward = float(np.mean([r for r, _ in evals])) if evals else None
+            metrics = dict(iteration=iteration, timesteps=timesteps, reward_mean=float(both.mean()),
+                           reward_max=float(both.max()), reward_min=float(both.min()), eval_reward=eval_reward,
+                           time_s=time.perf_counter() - began, iteration_s=time.perf_counter() - t0,
+                           master_s=t_master, grad_norm=grad_norm, theta_norm=float(np.linalg.norm(es.theta)),
+                           episodes=2 * algo.population)
+            if eval_reward is not None and eval_reward > best:
+                best = eval_reward
+                run.save_best(evaluated, dict(iteration=iteration, eval_reward=eval_reward, policy=algo.policy,
+                                              hidden=list(algo.hidden), obs_clip=algo.obs_clip))
+            run.log(metrics)
+            solved = algo.stop_reward is not None and eval_reward is not None and eval_reward >= algo.stop_reward
+            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved:
+                arrays, values = es.state()
+                values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best)
+                run.save_checkpoint(iteration, arrays, values)
+            summary.update(iterations=iteration + 1, timesteps=timesteps, eval_reward=eval_reward,
+                           best_eval_reward=best)
+            if on_iteration is not None:
+                on_iteration(iteration, pool)
+            if solved:
+                run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={algo.stop_reward}")
+                break
+    finally:
+        pool.terminate()
+        server.shutdown()
+        if noise.created:
+            noise.unlink()
+    summary["theta"] = es.theta
+    return summary

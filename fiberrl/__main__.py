@@ -1,0 +1,19 @@
+"""``python -m fiberrl algo=es env=cartpole workers=8 seed=0 [algo.sigma=0.05 ...]``
+(``-m`` sweeps: ``python -m fiberrl -m seed=0,1,2 algo.sigma=0.02,0.05``)."""
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+from fiberrl.app import register_resolvers, run_or_exit
+from fiberrl.config import CONFIG_DIR, register_configs
+
+register_resolvers()
+register_configs()
+
+
+@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
+def main(cfg) -> None:
+    run_or_exit(cfg, HydraConfig.get().runtime.output_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""What ``python -m fiberrl`` does with a composed config: check it, set up
+the runtime and the run directory, and hand over to the algorithm."""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .config import algorithm_module
+from .envs import UnknownEnvironment, check_env_id
+from .run import CheckpointMismatch, RunDirectory
+
+# what a local worker process costs, to refuse worker counts the machine cannot hold
+LOCAL_WORKER_BYTES = 80 << 20
+
+# settings that do not change what a run computes, so a resume may change them
+NOT_IN_FINGERPRINT = {"workers", "backend", "resume", "tensorboard"}
+ALGO_NOT_IN_FINGERPRINT = {"iterations", "checkpoint_every", "stop_reward", "chunksize"}
+
+
+class UsageError(ValueError):
+    """A setting the run cannot start with; reported as one line."""
+
+
+def default_run_dir(resume, algo: str, env: str) -> str:
+    if resume:
+        return str(resume)
+    return str(Path("runs") / f"{algo}-{env}" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3])
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("fiberrl_run_dir", default_run_dir, replace=True, use_cache=True)
+
+
+def fingerprint(cfg) -> dict:
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    kept = {k: v for k, v in plain.items() if k not in NOT_IN_FINGERPRINT}
+    kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in ALGO_NOT_IN_FINGERPRINT}
+    return kept
+
+
+def check_workers(cfg) -> None:
+    if cfg.workers < 1:
+        raise UsageError(f"workers={cfg.workers}: a run needs at least one worker")
+    if cfg.backend.name == "local":
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        needed = cfg.workers * LOCAL_WORKER_BYTES
+        if needed > available:
+            raise UsageError(f"workers={cfg.workers} would need about {needed / 2**30:.0f} GiB on the local backend "
+                             f"and this machine has {available / 2**30:.0f} GiB free; use fewer workers or a "
+                             f"cluster backend (backend=...)")
+
+
+def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
+    """Start or resume the run ``cfg`` describes in ``run_dir``; returns the algorithm's summary."""
+    import fiberrl.runtime as mp
+
+    check_workers(cfg)
+    check_env_id(cfg.env.id)
+    mp.configure(backend=cfg.backend.name)
+    path = Path(run_dir)
+    if cfg.resume is None and any((path / "checkpoints").glob("*.npz")):
+        raise UsageError(f"{path} already holds a run; pass resume={path} to continue it, or choose another "
+                         f"hydra.run.dir")
+    if cfg.resume is not None and not (Path(cfg.resume) / "checkpoints").is_dir():
+        raise UsageError(f"resume={cfg.resume}: not a run directory (it has no checkpoints/)")
+    directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
+                             tensorboard=cfg.tensorboard)
+    try:
+        return algorithm_module(cfg.algo.name).train(cfg, directory, on_iteration=on_iteration)
+    finally:
+        directory.close()
+
+
+def run_or_exit(cfg, run_dir) -> dict:
+    """``run``, with a bad setting reported as one line on stderr and exit status 2."""
+    try:
+        return run(cfg, run_dir)
+    except (UsageError, UnknownEnvironment, CheckpointMismatch) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,67 @@
+"""The app's structured configs: the schemas Hydra checks every override
+against, so a misspelt key or a badly typed value fails at start."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING                 # the short name runs are filed under
+    id: str = MISSING                   # a gymnasium id ("module:Id" imports the module first)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
+    max_episode_steps: int | None = None  # None: the id's registered limit
+
+
+@dataclass
+class BackendConfig:
+    name: str = "local"                 # where workers run: fiberrl.runtime's backend
+
+
+@dataclass
+class AppConfig:
+    algo: Any = MISSING
+    env: EnvConfig = MISSING
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    workers: int = 2                    # pool workers (env servers for PPO)
+    seed: int = 0
+    resume: str | None = None           # a run directory to continue
+    tensorboard: bool = True            # also write TensorBoard events
+
+
+def algorithm_module(name: str):
+    from algos import ALGORITHMS
+    return importlib.import_module(ALGORITHMS[name])
+
+
+def register_configs() -> None:
+    from algos import ALGORITHMS
+
+    store = ConfigStore.instance()
+    store.store(name="app_schema", node=AppConfig)
+    store.store(group="env", name="env_schema", node=EnvConfig)
+    store.store(group="backend", name="backend_schema", node=BackendConfig)
+    for name in ALGORITHMS:
+        store.store(group="algo", name=f"{name}_schema", node=algorithm_module(name).Config)
+
+
+def compose(overrides=()):
+    """The app's config with ``overrides`` (as on the command line), for
+    running an algorithm from Python: ``fiberrl.app.run(compose([...]), run_dir)``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from .app import register_resolvers
+
+    register_resolvers()
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return hydra_compose("config", overrides=list(overrides))

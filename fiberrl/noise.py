@@ -1,0 +1,92 @@
+"""A table of Gaussian noise built from a seed once per host and shared by
+every process on that host.
+
+ES perturbations are slices of this table, so a worker is told an index
+instead of being sent a vector.  The table lives in a file on shared memory
+(``/dev/shm``), mapped read-only by every process that uses it: the first
+process on a host generates it (others wait on a lock rather than generate
+it twice), later ones map it in milliseconds.  Every host generates the
+same numbers from the same seed.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+
+import numpy as np
+
+FLOAT_BYTES = np.dtype(np.float32).itemsize
+_GENERATE_BLOCK = 1 << 24  # numbers drawn per call: bounds the extra memory while generating
+
+
+def _shared_dir(nbytes: int) -> str:
+    """``/dev/shm`` when it has room (it is small in containers), else the temp dir."""
+    shm = "/dev/shm"
+    try:
+        stat = os.statvfs(shm)
+        if os.access(shm, os.W_OK) and stat.f_bavail * stat.f_frsize > nbytes * 1.1:
+            return shm
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+class NoiseTable:
+    """``size`` float32 numbers from N(0, 1), a pure function of ``seed``."""
+
+    def __init__(self, seed: int, size: int):
+        if size < 1:
+            raise ValueError(f"the noise table needs at least one number, got size={size}")
+        self.seed, self.size = int(seed), int(size)
+        nbytes = self.size * FLOAT_BYTES
+        self.path = os.path.join(_shared_dir(nbytes), f"fiberrl-noise-{self.seed}-{self.size}.f32")
+        self.created = False
+        if not self._complete():
+            self._generate_once()
+        self.noise = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.size,))
+
+    def _complete(self) -> bool:
+        try:
+            return os.path.getsize(self.path) == self.size * FLOAT_BYTES
+        except OSError:
+            return False
+
+    def _generate_once(self) -> None:
+        with open(self.path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._complete():  # another process on this host made it while we waited
+                return
+            partial = f"{self.path}.{os.getpid()}.partial"
+            try:
+                rng = np.random.Generator(np.random.PCG64(self.seed))
+                with open(partial, "wb") as out:
+                    for start in range(0, self.size, _GENERATE_BLOCK):
+                        count = min(_GENERATE_BLOCK, self.size - start)
+                        rng.standard_normal(count, dtype=np.float32).tofile(out)
+                os.replace(partial, self.path)  # readers only ever see a whole table
+                self.created = True
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+
+    def get(self, index: int, dim: int) -> np.ndarray:
+        return self.noise[index:index + dim]
+
+    def sample_index(self, rng: np.random.Generator, dim: int, count: int) -> np.ndarray:
+        if dim > self.size:
+            raise ValueError(f"the noise table holds {self.size} numbers but a perturbation needs {dim}; "
+                             "raise algo.noise_size")
+        return rng.integers(0, self.size - dim + 1, size=count)
+
+    def unlink(self) -> None:
+        """Remove the file; processes that mapped it keep their mapping."""
+        for path in (self.path, self.path + ".lock"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def __reduce__(self):
+        # travels as its recipe: the receiver maps (or builds) its own host's copy
+        return NoiseTable, (self.seed, self.size)

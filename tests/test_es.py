@@ -1,0 +1,169 @@
+"""ES: the ask/tell core without workers, the shared noise table, and whole
+runs on real pool workers (learning, determinism, worker loss, resume)."""
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fiberrl.runtime as mp
+from algos.es import ES, Config, RunningStat, centered_ranks
+from fiberrl.app import run
+from fiberrl.config import compose
+from fiberrl.noise import NoiseTable
+
+SMALL = ["algo.noise_size=2000000", "tensorboard=false"]
+
+
+def test_ask_tell_core_converges_on_a_quadratic():
+    target = np.linspace(-1, 1, 20).astype(np.float32)
+    noise = NoiseTable(seed=11, size=200_000)
+    es = ES(np.zeros(20, np.float32), Config(population=40, sigma=0.1, learning_rate=0.05, weight_decay=0.0),
+            noise, seed=0)
+
+    def fitness(x):
+        return -float(np.sum(np.square(x - target)))
+
+    start = fitness(es.theta)
+    for _ in range(300):
+        asked = es.ask()
+        eps = [es.perturbation(i) for i in asked.noise_index]
+        es.tell(asked, [fitness(es.theta + e) for e in eps], [fitness(es.theta - e) for e in eps])
+    assert fitness(es.theta) > 0.01 * start  # within 1% of where it started from the optimum
+    assert np.abs(es.theta - target).max() < 0.1
+
+
+def test_centered_ranks_are_deterministic_and_centred():
+    ranks = centered_ranks(np.array([[3.0, 1.0], [1.0, 7.0]]))
+    np.testing.assert_allclose(ranks, [[1 / 6, -0.5], [-1 / 6, 0.5]], rtol=1e-6)  # the tie goes to the earlier position
+
+
+def test_running_stat_matches_numpy():
+    data = np.random.default_rng(0).normal(3.0, 2.0, size=(1000, 4))
+    stat = RunningStat((4,), eps=0.0)
+    for chunk in np.split(data, 10):
+        stat.increment(chunk.sum(0), np.square(chunk).sum(0), len(chunk))
+    np.testing.assert_allclose(stat.mean, data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(stat.std, data.std(0), rtol=1e-4)
+
+
+def _open_table(seed, size, out):
+    table = NoiseTable(seed, size)
+    out.put((table.created, float(table.noise[:1000].sum()), table.path))
+
+
+def test_noise_table_is_made_once_per_host_and_shared():
+    seed, size = 987, 3_000_000
+    expected = np.random.Generator(np.random.PCG64(seed)).standard_normal(size, dtype=np.float32)
+    out = mp.Queue()
+    procs = [mp.Process(target=_open_table, args=(seed, size, out)) for _ in range(3)]
+    try:
+        for p in procs:
+            p.start()
+        reports = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert sum(created for created, _, _ in reports) == 1  # the others waited and mapped it
+        assert {s for _, s, _ in reports} == {float(expected[:1000].sum())}
+        table = NoiseTable(seed, size)
+        assert not table.created and table.path == reports[0][2]
+        np.testing.assert_array_equal(table.noise, expected)
+        assert table.path.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+    finally:
+        NoiseTable(seed, size).unlink()
+
+
+def _train(tmp_path, name, overrides, on_iteration=None):
+    cfg = compose(["env=cartpole", "algo.population=24", "algo.eval_episodes=2", *SMALL, *overrides])
+    return run(cfg, tmp_path / name, on_iteration=on_iteration)
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cartpole_reaches_500(tmp_path):
+    summary = _train(tmp_path, "solve", ["workers=2", "algo.population=64", "algo.iterations=40",
+                                         "algo.stop_reward=500", "algo.eval_episodes=3"])
+    print(f"solved after {summary['iterations']} iterations, {summary['timesteps']} steps")
+    assert _metrics(tmp_path / "solve")[0]["reward_mean"] < 50  # it learnt: the first policy falls at once
+    assert summary["eval_reward"] == 500.0
+    assert (tmp_path / "solve" / "best_policy.npz").exists()
+    assert len(_metrics(tmp_path / "solve")) == summary["iterations"]
+
+
+def _pool_workers():
+    return [p for p in mp.active_children() if p.name.startswith("PoolWorker") and p.is_alive()]
+
+
+def test_same_seed_same_parameters_with_any_worker_count_and_killed_workers(tmp_path):
+    settings = ["algo.iterations=6", "seed=3"]
+    one = _train(tmp_path, "one", ["workers=1", *settings])
+    three = _train(tmp_path, "three", ["workers=3", "algo.chunksize=1", *settings])
+    assert np.array_equal(one["theta"], three["theta"])
+
+    kills, stop = [], threading.Event()
+
+    def killer():
+        # only workers that are up and working: the pool rightly gives up on
+        # workers that keep dying before their first task
+        rng, first_seen = random.Random(0), {}
+        while not stop.wait(0.3):
+            now = time.monotonic()
+            workers = [w for w in _pool_workers() if now - first_seen.setdefault(w.pid, now) > 0.8]
+            if workers:
+                try:
+                    os.kill(rng.choice(workers).pid, signal.SIGKILL)
+                    kills.append(time.monotonic())
+                except ProcessLookupError:
+                    pass
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        killed = _train(tmp_path, "killed", ["workers=2", "algo.chunksize=2", *settings])
+    finally:
+        stop.set()
+        thread.join()
+    print(f"{len(kills)} workers killed during the run")
+    assert kills
+    assert np.array_equal(one["theta"], killed["theta"])
+    rewards = [[m["reward_mean"], m["eval_reward"]] for m in _metrics(tmp_path / "one")]
+    assert rewards == [[m["reward_mean"], m["eval_reward"]] for m in _metrics(tmp_path / "killed")]
+
+
+def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
+    settings = ["workers=2", "algo.checkpoint_every=2", "seed=5"]
+    whole = _train(tmp_path, "whole", ["algo.iterations=6", *settings])
+    _train(tmp_path, "parts", ["algo.iterations=3", *settings])
+    # a crash after the checkpoint of iteration 2 would have logged iteration 3 too
+    with open(tmp_path / "parts" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(dict(iteration=3, timesteps=0)) + "\n")
+    resumed = _train(tmp_path, "parts", ["algo.iterations=6", f"resume={tmp_path / 'parts'}", *settings])
+    assert np.array_equal(whole["theta"], resumed["theta"])
+    assert [m["iteration"] for m in _metrics(tmp_path / "parts")] == list(range(6))
+    strip = ("time_s", "iteration_s", "master_s")
+    assert ([{k: v for k, v in m.items() if k not in strip} for m in _metrics(tmp_path / "whole")]
+            == [{k: v for k, v in m.items() if k not in strip} for m in _metrics(tmp_path / "parts")])
+
+
+def test_torch_policy_runs(tmp_path):
+    summary = _train(tmp_path, "torch", ["workers=1", "algo.policy=torch_mlp", "algo.iterations=2"])
+    assert summary["iterations"] == 2 and summary["theta"].dtype == np.float32
+
+
+def test_continuous_actions_on_pendulum(tmp_path):
+    cfg = compose(["env=pendulum", "workers=2", "algo.population=8", "algo.iterations=2", "algo.eval_episodes=1",
+                   *SMALL])
+    summary = run(cfg, tmp_path / "pendulum")
+    assert summary["timesteps"] == 2 * 2 * 8 * 200  # two iterations of 8 mirrored pairs of 200 steps
+
+
+def test_a_run_directory_is_not_silently_reused(tmp_path):
+    _train(tmp_path, "once", ["workers=1", "algo.iterations=1"])
+    with pytest.raises(ValueError, match="already holds a run; pass resume="):
+        _train(tmp_path, "once", ["workers=1", "algo.iterations=1"])
