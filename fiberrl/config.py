@@ -47,10 +47,11 @@ def register_configs() -> None:
 
     store = ConfigStore.instance()
     store.store(name="app_schema", node=AppConfig)
-    store.store(group="env", name="env_schema", node=EnvConfig)
-    store.store(group="backend", name="backend_schema", node=BackendConfig)
+    # under schema/, so they are not offered as choices of the groups they type
+    store.store(group="schema/env", name="env", node=EnvConfig)
+    store.store(group="schema/backend", name="backend", node=BackendConfig)
     for name in ALGORITHMS:
-        store.store(group="algo", name=f"{name}_schema", node=algorithm_module(name).Config)
+        store.store(group="schema/algo", name=name, node=algorithm_module(name).Config)
 
 
 def compose(overrides=()):

@@ -55,6 +55,17 @@ def load_npz(path: Path) -> tuple[dict, dict]:
     return arrays, values
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"algo": {"sigma": 0.02}}`` -> ``{"algo.sigma": 0.02}``"""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _scalar(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -95,11 +106,10 @@ class RunDirectory:
         if not paths:
             return None
         arrays, values = load_npz(paths[-1])
-        theirs = values.get("fingerprint", {})
-        if theirs != self.fingerprint:
-            keys = sorted(set(theirs) | set(self.fingerprint))
-            diff = [f"{k}={theirs.get(k)!r} there, {self.fingerprint.get(k)!r} here" for k in keys
-                    if theirs.get(k) != self.fingerprint.get(k)]
+        theirs, ours = flatten(values.get("fingerprint", {})), flatten(self.fingerprint)
+        if theirs != ours:
+            diff = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
+                    if theirs.get(k) != ours.get(k)]
             raise CheckpointMismatch(f"the checkpoint {paths[-1]} was made with other settings ({'; '.join(diff)}); "
                                      f"resume with the settings in {self.path / 'config.yaml'} or start a new run")
         return arrays, values

@@ -1,0 +1,117 @@
+"""``python -m fiberrl``: config composition, sweeps, bad input reported in
+one line, and the README's main command."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ValidationError
+
+from fiberrl.config import CONFIG_DIR, compose
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["algo.iterations=1", "algo.population=4", "algo.eval_episodes=1", "algo.noise_size=100000",
+        "workers=1", "tensorboard=false"]
+
+
+def fiberrl_cli(args, cwd, timeout=120):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "fiberrl", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(CONFIG_DIR) / "env").glob("*.yaml") if p.stem != "gym"))
+def test_every_env_config_names_a_registered_id(name):
+    cfg = compose([f"env={name}"])
+    assert cfg.env.name == name and cfg.env.id in gym.registry
+
+
+def test_overrides_are_typed_and_checked():
+    cfg = compose(["algo=es", "env=bipedal_walker_hardcore", "workers=64", "seed=7", "algo.sigma=0.05",
+                   "algo.hidden=[32,32]"])
+    assert (cfg.algo.sigma, cfg.workers, cfg.seed, list(cfg.algo.hidden)) == (0.05, 64, 7, [32, 32])
+    assert cfg.env.id == "BipedalWalkerHardcore-v3"
+    assert compose(["env=gym", "env.id=Acrobot-v1"]).env.name == "Acrobot-v1"
+    with pytest.raises(ConfigCompositionException) as misspelt:
+        compose(["algo.sigmaa=0.1"])
+    assert isinstance(misspelt.value.__cause__, ConfigAttributeError)
+    with pytest.raises(ConfigCompositionException) as badly_typed:
+        compose(["algo.sigma=wide"])
+    assert isinstance(badly_typed.value.__cause__, ValidationError)
+    with pytest.raises(ConfigCompositionException, match="Could not find 'algo/nope'"):
+        compose(["algo=nope"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["env=gym", "env.id=Nope-v0"], r"error: unknown environment id 'Nope-v0' \(env.id\)"),
+    (["env.id=CartPol-v1"], r"error: unknown environment id 'CartPol-v1' \(env.id\); did you mean CartPole-v1"),
+    (["workers=0"], r"error: workers=0: a run needs at least one worker"),
+    (["workers=10000000"], r"error: workers=10000000 would need about \d+ GiB on the local backend"),
+])
+def test_bad_settings_fail_in_one_line(tmp_path, args, message):
+    result = fiberrl_cli([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(message + r".*\n", result.stderr), result.stderr
+
+
+def test_unknown_algo_and_misspelt_key_get_hydras_message(tmp_path):
+    result = fiberrl_cli(["algo=nope"], tmp_path)
+    assert result.returncode == 1 and "Could not find 'algo/nope'" in result.stderr
+    assert "Available options in 'algo':\n\tes\n" in result.stderr
+    result = fiberrl_cli(["algo.sigmaa=0.1"], tmp_path)
+    assert result.returncode == 1 and "Key 'sigmaa' not in" in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
+    run_dir = tmp_path / "run"
+    first = fiberrl_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = (run_dir / "metrics.jsonl").read_text()
+    other = fiberrl_cli([*TINY, "algo.iterations=2", "algo.sigma=0.5", f"resume={run_dir}"], tmp_path)
+    assert other.returncode == 2
+    assert re.fullmatch(r"error: the checkpoint \S+000000.npz was made with other settings "
+                        r"\(algo.sigma=0.02 there, 0.5 here\); resume with the settings in "
+                        r"\S+config.yaml or start a new run\n", other.stderr), other.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before  # the run is untouched
+    again = fiberrl_cli([*TINY, "algo.iterations=2", f"resume={run_dir}"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert fiberrl_cli([*TINY, "resume=/nonexistent/run"], tmp_path).stderr.startswith(
+        "error: resume=/nonexistent/run: not a run directory")
+
+
+def test_sweep_runs_every_combination(tmp_path):
+    result = fiberrl_cli(["-m", "seed=0,1", "algo.sigma=0.02,0.05", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                         tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.jsonl"))
+    assert len(runs) == 4, runs
+    assert any("algo.sigma=0.05,seed=1" in name for name in runs), runs
+
+
+def readme_main_command() -> list[str]:
+    """The python part of the README's first set-up command."""
+    readme = (REPO / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("python3 -m venv .venv"))
+    python_part = line.split("&&")[-1].strip()
+    assert python_part.startswith(".venv/bin/python "), python_part
+    return shlex.split(python_part)[1:]
+
+
+def test_readme_main_command_runs(tmp_path):
+    args = readme_main_command()
+    assert args[:2] == ["-m", "fiberrl"], args
+    result = fiberrl_cli(args[2:], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    runs = list((tmp_path / "runs").glob("*/*/metrics.jsonl"))
+    assert len(runs) == 1
+    run_dir = runs[0].parent
+    assert (run_dir / "config.yaml").exists() and list((run_dir / "checkpoints").glob("*.npz"))
+    assert list((run_dir / "tensorboard").iterdir()) and (run_dir / "best_policy.npz").exists()
+    assert "eval reward 500.0 reached" in result.stdout
