@@ -37,6 +37,8 @@ def test_overrides_are_typed_and_checked():
     assert (cfg.algo.sigma, cfg.workers, cfg.seed, list(cfg.algo.hidden)) == (0.05, 64, 7, [32, 32])
     assert cfg.env.id == "BipedalWalkerHardcore-v3"
     assert compose(["env=gym", "env.id=Acrobot-v1"]).env.name == "Acrobot-v1"
+    preset = compose(["+experiment=es_bipedal_walker", "algo.population=8"])
+    assert (preset.env.id, preset.algo.population, list(preset.algo.hidden)) == ("BipedalWalker-v3", 8, [40, 40])
     with pytest.raises(ConfigCompositionException) as misspelt:
         compose(["algo.sigmaa=0.1"])
     assert isinstance(misspelt.value.__cause__, ConfigAttributeError)
