@@ -1,0 +1,289 @@
+"""Run a trained policy from a run directory and report its returns.
+
+    python -m fiberrl.evaluate <run dir> [--episodes 10] [--seed 0]
+                               [--checkpoint best|latest] [--video first.gif] [--max-frames N]
+
+Prints one line per episode, then the mean +- std return and the mean length.
+Episode i is reset with seed ``seed + i``, so the same arguments give the same
+numbers.  ``--checkpoint best`` loads ``best_policy.npz`` (the parameters with
+the best eval reward), ``latest`` the newest file in ``checkpoints/``.
+``--video`` saves the first episode as an animated GIF; ``--max-frames`` caps
+how many of its frames are kept (the episode itself still runs to the end).
+
+From Python: ``load_policy(run_dir, which)`` and ``evaluate(run_dir, episodes, seed, which, video)``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import yaml
+
+from .envs import UnknownEnvironment, make_env
+from .policies import make_policy, run_episode
+from .run import CHECKPOINT, load_npz
+
+CHECKPOINT_CHOICES = ("best", "latest")
+
+
+class RunError(ValueError):
+    """The run directory cannot give what was asked; reported as one line."""
+
+
+def read_config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir}: no such directory")
+    if not path.is_file():
+        raise RunError(f"{run_dir} is not a run directory (it has no config.yaml)")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RunError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("env"), dict) \
+            or not isinstance(config.get("algo"), dict):
+        raise RunError(f"{path} does not hold a run config (no env and algo sections)")
+    return config
+
+
+def env_config(config: dict) -> dict:
+    """What ``make_env`` needs, with the step cap the run trained under."""
+    env, algo = config["env"], config["algo"]
+    return dict(id=env["id"], kwargs=dict(env.get("kwargs") or {}),
+                max_episode_steps=algo.get("episode_steps") or env.get("max_episode_steps"))
+
+
+def _read_npz(path: Path) -> tuple[dict, dict]:
+    try:
+        return load_npz(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise RunError(f"{path} could not be read: {exc}") from None
+
+
+def _newest_checkpoint(run_dir: Path) -> Path:
+    folder = run_dir / "checkpoints"
+    found = sorted((int(m.group(1)), p) for p in folder.glob("*.npz") if (m := CHECKPOINT.match(p.name)))
+    if not found:
+        raise RunError(f"{run_dir} has no checkpoints yet (nothing in {folder})")
+    return found[-1][1]
+
+
+def _observation_stats(arrays: dict, values: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of the running normaliser saved in a checkpoint (as ``algos.es.RunningStat``)."""
+    count = values["obs_count"]
+    mean = arrays["obs_sum"] / count
+    std = np.sqrt(np.maximum(arrays["obs_sumsq"] / count - np.square(mean), 1e-2))
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+def _load_parameters(run_dir: Path, which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, str]:
+    """(theta, obs_mean, obs_std, values, a description of what was loaded)."""
+    if which == "best":
+        path = run_dir / "best_policy.npz"
+        if not path.is_file():
+            hint = "; try --checkpoint latest" if list((run_dir / "checkpoints").glob("*.npz")) else ""
+            raise RunError(f"{run_dir} has no best_policy.npz yet (no evaluation has finished){hint}")
+        arrays, values = _read_npz(path)
+        needed = ("theta", "obs_mean", "obs_std")
+    elif which == "latest":
+        path = _newest_checkpoint(run_dir)
+        arrays, values = _read_npz(path)
+        needed = ("theta", "obs_sum", "obs_sumsq")
+    else:
+        raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
+    missing = [k for k in needed if k not in arrays]
+    if which == "latest" and "obs_count" not in values:
+        missing.append("obs_count")
+    if missing:
+        raise RunError(f"{path} holds no {', '.join(missing)}: not a policy this tool can run")
+    if which == "best":
+        mean, std = arrays["obs_mean"], arrays["obs_std"]
+        reward = values.get("eval_reward")
+        detail = f"eval reward {reward:.2f}" if isinstance(reward, (int, float)) else "eval reward -"
+        described = f"best policy (iteration {values.get('iteration', '?')}, {detail})"
+    else:
+        mean, std = _observation_stats(arrays, values)
+        described = f"checkpoint {path.name} (iteration {values.get('iteration', '?')})"
+    return arrays["theta"], mean, std, values, described
+
+
+@dataclass
+class LoadedPolicy:
+    environment: dict         # id, kwargs, max_episode_steps
+    policy: object
+    obs_mean: np.ndarray
+    obs_std: np.ndarray
+    obs_clip: float
+    described: str            # which parameters these are, for the first printed line
+
+
+def _load(run_dir, which: str) -> LoadedPolicy:
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    environment = env_config(config)
+    theta, obs_mean, obs_std, values, described = _load_parameters(run_dir, which)
+    algo = config["algo"]
+    # best_policy.npz records the policy it was saved with; a checkpoint relies on the config
+    kind = values.get("policy", algo.get("policy", "mlp"))
+    hidden = values.get("hidden", algo.get("hidden", [64, 64]))
+    obs_clip = float(values.get("obs_clip", algo.get("obs_clip", 5.0)))
+    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"])
+    try:
+        policy = make_policy(kind, env.observation_space, env.action_space, hidden)
+        policy.set_params(theta)
+    except ValueError as exc:
+        raise RunError(f"{run_dir}: {exc}") from None
+    finally:
+        env.close()
+    return LoadedPolicy(environment, policy, obs_mean, obs_std, obs_clip, described)
+
+
+def load_policy(run_dir, which: str = "best"):
+    """(env config dict, policy with the saved parameters, obs_mean, obs_std, obs_clip)
+    of the run in ``run_dir``; ``which`` is "best" or "latest"."""
+    loaded = _load(run_dir, which)
+    return loaded.environment, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip
+
+
+def record_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, max_frames: int | None = None):
+    """``run_episode`` that also keeps the rendered frames (the first ``max_frames``):
+    (return, steps, frames)."""
+    obs, _ = env.reset(seed=int(seed))
+    frames = [env.render()]
+    total, steps, done = 0.0, 0, False
+    while not done:
+        action = policy.act(np.clip((obs - obs_mean) / obs_std, -obs_clip, obs_clip))
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        steps += 1
+        done = terminated or truncated
+        if max_frames is None or len(frames) < max_frames:
+            frames.append(env.render())
+    return total, steps, frames
+
+
+def save_gif(frames: list, path, fps: float) -> Path:
+    from PIL import Image
+
+    path = Path(path)
+    images = [Image.fromarray(np.asarray(frame, dtype=np.uint8)) for frame in frames]
+    # one shared palette keeps colours steady between frames; GIF delays are in hundredths of a second
+    first = images[0].quantize()
+    rest = [image.quantize(palette=first) for image in images[1:]]
+    first.save(path, save_all=True, append_images=rest, duration=max(20, round(1000 / fps)), loop=0)
+    return path
+
+
+def check_video_path(video) -> Path:
+    path = Path(video)
+    if path.suffix.lower() != ".gif":
+        raise RunError(f"--video {video}: only animated GIFs are written; give a path ending in .gif")
+    if not path.parent.is_dir():
+        raise RunError(f"--video {video}: the folder {path.parent} does not exist")
+    return path
+
+
+def _record_video(loaded: LoadedPolicy, seed: int, path: Path, max_frames: int | None) -> tuple[float, int]:
+    # an env of its own: the render mode should not touch the episodes run without video
+    environment = loaded.environment
+    # frames are drawn off-screen; without this SDL looks for a display and complains on stderr
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"],
+                   render_mode="rgb_array")
+    try:
+        total, steps, frames = record_episode(env, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip,
+                                              seed, max_frames)
+        fps = env.metadata.get("render_fps") or 30
+    finally:
+        env.close()
+    save_gif(frames, path, fps)
+    return total, steps
+
+
+def _run_episodes(loaded: LoadedPolicy, episodes: int, seed: int, video: Path | None, max_frames: int | None,
+                  on_episode=None) -> list[tuple[float, int]]:
+    environment = loaded.environment
+    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"])
+    results = []
+    try:
+        for i in range(episodes):
+            if i == 0 and video is not None:
+                total, steps = _record_video(loaded, seed, video, max_frames)
+            else:
+                total, steps, _ = run_episode(env, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip,
+                                              seed + i)
+            results.append((total, steps))
+            if on_episode is not None:
+                on_episode(i, total, steps)
+    finally:
+        env.close()
+    return results
+
+
+def evaluate(run_dir, episodes: int = 10, seed: int = 0, which: str = "best", video=None,
+             max_frames: int | None = None, on_episode=None) -> list[tuple[float, int]]:
+    """[(return, length)] of ``episodes`` episodes of the run's policy, episode i seeded ``seed + i``.
+    ``video``: a .gif path for the first episode.  ``on_episode(i, return, length)`` sees each as it ends."""
+    if episodes < 1:
+        raise RunError(f"episodes={episodes}: evaluate at least one episode")
+    video_path = check_video_path(video) if video is not None else None
+    return _run_episodes(_load(run_dir, which), episodes, seed, video_path, max_frames, on_episode)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fiberrl.evaluate",
+                                     description="Run a trained policy from a run directory and report its returns.")
+    parser.add_argument("run_dir", help="a run directory (holding config.yaml)")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed+i (default 0)")
+    parser.add_argument("--checkpoint", choices=CHECKPOINT_CHOICES, default="best",
+                        help="best: best_policy.npz; latest: the newest checkpoint (default best)")
+    parser.add_argument("--video", metavar="PATH.gif", help="save the first episode as an animated GIF")
+    parser.add_argument("--max-frames", type=int, metavar="N", help="keep at most N frames in the GIF")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes {args.episodes}: evaluate at least one episode")
+    if args.max_frames is not None and args.max_frames < 1:
+        parser.error(f"--max-frames {args.max_frames}: keep at least one frame")
+    if args.max_frames is not None and args.video is None:
+        parser.error("--max-frames only applies with --video")
+    return args
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+
+    def report(i, total, steps):
+        print(f"episode {i + 1:>3}/{args.episodes}  seed {args.seed + i}  return {total:10.2f}  length {steps}",
+              flush=True)
+
+    try:
+        video = check_video_path(args.video) if args.video is not None else None
+        loaded = _load(args.run_dir, args.checkpoint)
+        print(f"{args.run_dir}: {loaded.described}", flush=True)
+        results = _run_episodes(loaded, args.episodes, args.seed, video, args.max_frames, on_episode=report)
+    except (RunError, UnknownEnvironment) as exc:
+        fail(str(exc))
+    except gym.error.Error as exc:  # e.g. DependencyNotInstalled: rendering this env needs pygame, MuJoCo...
+        fail(str(exc).splitlines()[0])
+    returns = np.array([r for r, _ in results])
+    lengths = np.array([n for _, n in results])
+    print(f"mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(results)} episodes, "
+          f"mean length {lengths.mean():.1f}")
+    if video is not None:
+        print(f"video of episode 1: {video}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
