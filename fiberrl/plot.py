@@ -196,7 +196,7 @@ def plot_runs(run_dirs, out_path="curves.png", metric: str = "eval_reward") -> P
     matplotlib.use("Agg")  # files only: no display is needed or wanted
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8 + 0.3 * len(groups)), sharey=True)
     used = set()
     for index, (label, runs) in enumerate(groups.items()):
         name = group_metric(runs, metric)
@@ -210,9 +210,11 @@ def plot_runs(run_dirs, out_path="curves.png", metric: str = "eval_reward") -> P
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(ylabel)
-    axes[0].legend(fontsize="small", loc="best")
+    # below both panels: long labels would cover the curves
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize="small", loc="lower center", ncol=1, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(f"{ylabel} of {sum(map(len, groups.values()))} run(s)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 + 0.045 * len(labels), 1, 1))
     try:
         fig.savefig(out_path, dpi=100)
     except ValueError as exc:  # an extension matplotlib does not write
