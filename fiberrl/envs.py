@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 
 import gymnasium as gym
 
@@ -14,12 +15,14 @@ def check_env_id(env_id: str) -> None:
     """Raise a one-line error naming close matches when ``env_id`` is not registered."""
     if env_id in gym.registry:
         return
-    if ":" in env_id:  # "module:Id" registers itself on import
+    if ":" in env_id:  # "module:Id": importing the module registers the id, as gymnasium.make does
+        module, env_id = env_id.split(":", 1)
         try:
-            gym.spec(env_id)
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 -- any failure here is the user's module
+            raise UnknownEnvironment(f"environment module {module!r} could not be imported: {exc!r}") from None
+        if env_id in gym.registry:
             return
-        except Exception as exc:  # noqa: BLE001 -- any failure here is the user's id
-            raise UnknownEnvironment(f"environment {env_id!r} could not be loaded: {exc}") from None
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry() for the ids"
     raise UnknownEnvironment(f"unknown environment id {env_id!r} (env.id){hint}")

@@ -117,3 +117,16 @@ def test_readme_main_command_runs(tmp_path):
     assert (run_dir / "config.yaml").exists() and list((run_dir / "checkpoints").glob("*.npz"))
     assert list((run_dir / "tensorboard").iterdir()) and (run_dir / "best_policy.npz").exists()
     assert "eval reward 500.0 reached" in result.stdout
+
+
+def test_env_ids_from_a_module_are_imported_first(tmp_path, monkeypatch):
+    from fiberrl.envs import UnknownEnvironment, check_env_id
+
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium\ngymnasium.register('MyCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_env_id("my_envs:MyCartPole-v0")
+    with pytest.raises(UnknownEnvironment, match="unknown environment id 'Other-v0'"):
+        check_env_id("my_envs:Other-v0")
+    with pytest.raises(UnknownEnvironment, match="module 'no_such_module' could not be imported"):
+        check_env_id("no_such_module:X-v0")
