@@ -10,7 +10,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+# the repository's configs/ in a checkout or an editable install; a wheel ships it as fiberrl/configs
+_CHECKOUT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = str(_CHECKOUT_CONFIGS if (_CHECKOUT_CONFIGS / "config.yaml").is_file()
+                 else Path(__file__).resolve().parent / "configs")
 
 
 @dataclass
