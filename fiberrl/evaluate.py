@@ -154,17 +154,13 @@ def load_policy(run_dir, which: str = "best"):
 def record_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, max_frames: int | None = None):
     """``run_episode`` that also keeps the rendered frames (the first ``max_frames``):
     (return, steps, frames)."""
-    obs, _ = env.reset(seed=int(seed))
-    frames = [env.render()]
-    total, steps, done = 0.0, 0, False
-    while not done:
-        action = policy.act(np.clip((obs - obs_mean) / obs_std, -obs_clip, obs_clip))
-        obs, reward, terminated, truncated, _ = env.step(action)
-        total += float(reward)
-        steps += 1
-        done = terminated or truncated
+    frames = []
+
+    def keep_frame():
         if max_frames is None or len(frames) < max_frames:
             frames.append(env.render())
+
+    total, steps, _ = run_episode(env, policy, obs_mean, obs_std, obs_clip, seed, on_step=keep_frame)
     return total, steps, frames
 
 

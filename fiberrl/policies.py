@@ -134,11 +134,14 @@ def make_policy(kind: str, observation_space: gym.Space, action_space: gym.Space
     return POLICIES[kind](int(np.prod(observation_space.shape)), action_space, tuple(hidden))
 
 
-def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, record: bool = False):
+def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, record: bool = False, on_step=None):
     """One episode of ``policy`` on observations normalised by ``obs_mean``/``obs_std``
     and clipped to +-``obs_clip``.  Returns (return, steps, observation sums):
-    the sums, count included, only when ``record``, for a running normaliser."""
+    the sums, count included, only when ``record``, for a running normaliser.
+    ``on_step()`` is called after the reset and after every step (to render)."""
     obs, _ = env.reset(seed=int(seed))
+    if on_step is not None:
+        on_step()
     total, steps = 0.0, 0
     sums = [np.zeros(obs.shape), np.zeros(obs.shape), 0] if record else None
     done = False
@@ -152,4 +155,6 @@ def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, reco
         total += float(reward)
         steps += 1
         done = terminated or truncated
+        if on_step is not None:
+            on_step()
     return total, steps, sums
