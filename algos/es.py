@@ -8,7 +8,7 @@ takes an Adam step on the rank-weighted sum of the perturbations.
 
 What travels: a worker is sent (iteration, noise index, env seed) per
 perturbation and returns (noise index, return of +eps, return of -eps,
-steps), plus the observation sums of the ~1% of perturbations picked to feed
+steps), plus the observation sums of the ~10% of perturbations picked to feed
 the running observation normalisation.  The noise itself is a table every
 host builds once from the seed (`fiberrl.noise`); the parameters are
 published once per iteration to a parameter server that each worker reads
@@ -48,7 +48,7 @@ class Config:
     policy: str = "mlp"               # "mlp" (numpy) or "torch_mlp" (a torch module)
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     noise_size: int = 250_000_000     # float32 numbers in the shared noise table (1 GB)
-    obstat_prob: float = 0.01         # share of perturbations whose observations update the normaliser
+    obstat_prob: float = 0.1          # share of perturbations whose observations update the normaliser
     obs_clip: float = 5.0             # normalised observations are clipped to +-obs_clip
     episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)
     eval_episodes: int = 5            # episodes of the unperturbed policy per iteration, for eval_reward

@@ -53,12 +53,14 @@ class MLPPolicy:
         self._layers: list[np.ndarray] = []
 
     def initial_params(self, rng: np.random.Generator) -> np.ndarray:
-        """Weights with unit-norm columns (as OpenAI's ES), zero biases."""
+        """As OpenAI's ES: weight columns of norm 1 in the hidden layers and 0.01
+        in the output layer (the first actions are near zero), zero biases."""
         parts = []
-        for shape in self.shapes:
+        for i, shape in enumerate(self.shapes):
             if len(shape) == 2:
                 w = rng.standard_normal(shape).astype(np.float32)
-                w *= 1.0 / np.sqrt(np.square(w).sum(axis=0, keepdims=True))
+                norm = 0.01 if i == len(self.shapes) - 2 else 1.0
+                w *= norm / np.sqrt(np.square(w).sum(axis=0, keepdims=True))
                 parts.append(w.ravel())
             else:
                 parts.append(np.zeros(shape, dtype=np.float32))
