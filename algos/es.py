@@ -210,14 +210,18 @@ class EvaluatorSpec:
 
 
 class Evaluator:
-    """One per worker process: its env, its policy, this host's noise table."""
+    """One per worker process: its policy, this host's noise table, the current parameters."""
 
     def __init__(self, spec: EvaluatorSpec, store):
         self.spec, self.store = spec, store
-        self.env = make_env(spec.env_id, spec.env_kwargs, spec.env_steps)
-        self.policy = make_policy(spec.policy, self.env.observation_space, self.env.action_space, spec.hidden)
+        env = self._make_env()
+        self.policy = make_policy(spec.policy, env.observation_space, env.action_space, spec.hidden)
+        env.close()
         self.noise = NoiseTable(spec.noise_seed, spec.noise_size)
         self.version = -1
+
+    def _make_env(self):
+        return make_env(self.spec.env_id, self.spec.env_kwargs, self.spec.env_steps)
 
     def _load(self, version: int) -> None:
         if version != self.version:
@@ -227,17 +231,23 @@ class Evaluator:
     def __call__(self, task):
         version, kind, noise_index, seed, record = task
         self._load(version)
-        args = (self.env, self.policy, self.obs_mean, self.obs_std, self.spec.obs_clip, seed)
-        if kind == "eval":
-            self.policy.set_params(self.theta)
-            reward, steps, _ = run_episode(*args, False)
-            return reward, steps
-        eps = self.spec.sigma * self.noise.get(noise_index, self.theta.size)
-        self.policy.set_params(self.theta + eps)
-        r_pos, n_pos, sums = run_episode(*args, record)
-        self.policy.set_params(self.theta - eps)
-        r_neg, n_neg, _ = run_episode(*args, False)
-        return noise_index, r_pos, r_neg, n_pos + n_neg, sums
+        # a fresh env per task: some keep state across resets (a Box2D world does), and
+        # a result must not depend on which tasks its worker happened to run before
+        env = self._make_env()
+        try:
+            args = (env, self.policy, self.obs_mean, self.obs_std, self.spec.obs_clip, seed)
+            if kind == "eval":
+                self.policy.set_params(self.theta)
+                reward, steps, _ = run_episode(*args, False)
+                return reward, steps
+            eps = self.spec.sigma * self.noise.get(noise_index, self.theta.size)
+            self.policy.set_params(self.theta + eps)
+            r_pos, n_pos, sums = run_episode(*args, record)
+            self.policy.set_params(self.theta - eps)
+            r_neg, n_neg, _ = run_episode(*args, False)
+            return noise_index, r_pos, r_neg, n_pos + n_neg, sums
+        finally:
+            env.close()
 
 
 _evaluator: Evaluator | None = None

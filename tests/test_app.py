@@ -122,8 +122,8 @@ def test_readme_main_command_runs(tmp_path):
 def test_env_ids_from_a_module_are_imported_first(tmp_path, monkeypatch):
     from fiberrl.envs import UnknownEnvironment, check_env_id
 
-    (tmp_path / "my_envs.py").write_text(
-        "import gymnasium\ngymnasium.register('MyCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    (tmp_path / "my_envs.py").write_text("import gymnasium\n" "gymnasium.register('MyCartPole-v0', "
+                                         "entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     check_env_id("my_envs:MyCartPole-v0")
     with pytest.raises(UnknownEnvironment, match="unknown environment id 'Other-v0'"):

@@ -16,7 +16,7 @@ def fresh_config(monkeypatch, tmp_path):
 
 
 def test_precedence_defaults_file_env_code(monkeypatch, tmp_path):
-    assert config.get_config().heartbeat_timeout == 3.0
+    assert config.get_config().heartbeat_timeout == 30.0
     (tmp_path / "fiberrl.toml").write_text("heartbeat_timeout = 7\nlog_level = 'INFO'\nstart_timeout = 9\n")
     config.reset()
     cfg = config.get_config()

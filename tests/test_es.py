@@ -130,6 +130,15 @@ def test_same_seed_same_parameters_with_any_worker_count_and_killed_workers(tmp_
     assert rewards == [[m["reward_mean"], m["eval_reward"]] for m in _metrics(tmp_path / "killed")]
 
 
+def test_box2d_episodes_do_not_depend_on_what_a_worker_ran_before(tmp_path):
+    # a Box2D world keeps state across resets: each task gets a fresh env, or results follow the task order
+    settings = ["env=bipedal_walker", "algo.iterations=2", "algo.population=6", "algo.episode_steps=60",
+                "algo.eval_episodes=1", "seed=1"]
+    one = _train(tmp_path, "one", ["workers=1", *settings])
+    three = _train(tmp_path, "three", ["workers=3", "algo.chunksize=1", *settings])
+    assert np.array_equal(one["theta"], three["theta"])
+
+
 def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     settings = ["workers=2", "algo.checkpoint_every=2", "seed=5"]
     whole = _train(tmp_path, "whole", ["algo.iterations=6", *settings])

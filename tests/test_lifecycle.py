@@ -101,3 +101,42 @@ def test_normal_exit_joins_terminates_and_closes_everything(tmp_path, script_env
     pids = [int(x) for x in done.stdout.splitlines()[0].split()]
     assert "CLEAN" in done.stdout, done.stdout + done.stderr
     assert wait_until(lambda: not any(pid_alive(p) for p in pids), 5.0)
+
+
+HUNG_PARENT = textwrap.dedent("""
+    import time
+    import fiberrl.runtime as mp
+
+    def child(q):
+        q.put("running")
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        q = mp.Queue()
+        c = mp.Process(target=child, args=(q,))
+        c.start()
+        q.get(timeout=60)
+        print(c.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+def test_a_hung_parent_is_caught_by_the_heartbeat(tmp_path, script_env):
+    # a stopped parent keeps its sockets open: only the heartbeat can tell
+    script = tmp_path / "hung_parent.py"
+    script.write_text(HUNG_PARENT)
+    env = dict(script_env, FIBERRL_HEARTBEAT_INTERVAL="0.5", FIBERRL_HEARTBEAT_TIMEOUT="1.5")
+    parent = subprocess.Popen([PYTHON, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        assert wait_until(lambda: not pid_alive(child), 10.0), "the child outlived a hung parent by 10 s"
+        print(f"child gone {time.monotonic() - stopped_at:.2f} s after its parent stopped answering")
+    finally:
+        parent.kill()
+        parent.send_signal(signal.SIGCONT)
+        parent.wait(10)
+        if child is not None and pid_alive(child):
+            os.kill(child, signal.SIGKILL)

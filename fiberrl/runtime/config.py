@@ -36,8 +36,11 @@ class RuntimeConfig:
     """Address this process listens on; loopback suits the local backend."""
     heartbeat_interval: float = 1.0
     """Seconds between a child's checks that its parent is alive."""
-    heartbeat_timeout: float = 3.0
-    """A child whose parent has not answered for this long exits."""
+    heartbeat_timeout: float = 30.0
+    """A child whose parent has not answered for this long exits.  A parent that
+    dies is seen at once (its connection closes); this only catches a hung
+    parent or a vanished host, and must outlast a loaded machine: 256 busy
+    workers on 2 cores left heartbeats unanswered for over 3 s."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
     log_level: str = "WARNING"

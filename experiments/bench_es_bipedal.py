@@ -1,0 +1,358 @@
+"""BipedalWalker-v3 learning for a budget of environment steps: fiberrl's ES
+(algos/es.py, OpenAI's ES) against the peer, evotorch's PGPE set up as OpenAI's
+ES, with the same number of workers (pool workers / ray actors) and seeds.
+
+The peer: evotorch.algorithms.PGPE with symmetric (mirrored) sampling, centered
+ranks, a fixed standard deviation (stdev_learning_rate=0, stdev_init=sigma)
+and Adam on the center (center_learning_rate=learning rate): that is OpenAI's
+ES.  It evaluates on evotorch.neuroevolution.GymNE with online observation
+normalisation, one episode per solution, and the same tanh MLP (tanh on the
+outputs too, which is what fiberrl's policy does for BipedalWalker's [-1, 1]
+actions).  evotorch's popsize counts solutions, so it is twice fiberrl's
+population (which counts mirrored pairs).  Differences that remain: evotorch
+initialises the parameters near zero and has no weight decay; fiberrl clips
+normalised observations to +-5.
+
+Both stop at the first iteration that reaches --steps environment steps; the
+steps are each framework's own count of the training episodes' steps (fiberrl's
+metrics "timesteps", evotorch's status "total_interaction_count"); neither
+counts the eval episodes.  Each iteration both also evaluate the unperturbed
+policy over --eval-episodes episodes (eval_reward): fiberrl in its pool with the
+perturbations, evotorch in its main process (GymNE.run), whose time is
+reported separately, and left out of its steps/s (which favours the peer).
+
+Per seed: final and best eval reward, env steps, wall time, env steps per
+second; a table of both frameworks, the ratio of their env steps/s, and one
+PNG with eval reward against env steps and against wall time (every seed).
+
+    python experiments/bench_es_bipedal.py                                   # full run
+    python experiments/bench_es_bipedal.py --steps 20000 --seeds 0           # smoke test
+    python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python
+
+The peer runs in a subprocess of --peer-python (default: this interpreter),
+one per seed; when that interpreter cannot import evotorch, the peer is
+skipped with the reason.  To make such an interpreter:
+    python3 -m venv /tmp/venv-evo
+    /tmp/venv-evo/bin/pip install -c constraints.txt -e . evotorch
+
+Flags:
+    --steps N          environment steps per seed (default 3,000,000)
+    --seeds LIST       seeds (default 0,1,2)
+    --workers N        pool workers / ray actors (default 2)
+    --population N     mirrored pairs per iteration (default 32; evotorch popsize 2N)
+    --sigma S          noise standard deviation (default 0.02)
+    --learning-rate L  Adam step size (default 0.01)
+    --episode-steps N  cap on a training episode's steps (default: the env's 1600)
+    --eval-episodes N  episodes of the unperturbed policy per iteration (default 5)
+    --hidden LIST      hidden layer sizes (default 64,64)
+    --noise-size N     floats in fiberrl's noise table (default 50,000,000: 200 MB)
+    --peer-python PATH interpreter for the evotorch peer (default: this one)
+    --no-peer          run fiberrl only
+    --peer-only DIR    run only the peer, into the results folder DIR (which may hold fiberrl's runs)
+    --out DIR          results folder (default experiments/results/es_bipedal/<timestamp>)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ENV_ID = "BipedalWalker-v3"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+# --- fiberrl --------------------------------------------------------------------
+
+class BudgetReached(Exception):
+    pass
+
+
+def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from fiberrl.app import register_resolvers, run
+    from fiberrl.config import register_configs
+
+    register_resolvers()
+    register_configs()
+    overrides = ["algo=es", "env=bipedal_walker", f"workers={args.workers}", f"seed={seed}", "tensorboard=false",
+                 "algo.iterations=1000000", "algo.checkpoint_every=1000000",
+                 f"algo.population={args.population}", f"algo.sigma={args.sigma}",
+                 f"algo.learning_rate={args.learning_rate}", f"algo.eval_episodes={args.eval_episodes}",
+                 f"algo.hidden=[{','.join(map(str, args.hidden))}]", f"algo.noise_size={args.noise_size}"]
+    if args.episode_steps is not None:
+        overrides.append(f"algo.episode_steps={args.episode_steps}")
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose("config", overrides=overrides)
+
+    def stop_at_budget(iteration, pool):
+        metrics = read_metrics(run_dir)
+        if metrics and metrics[-1]["timesteps"] >= args.steps:
+            raise BudgetReached
+
+    try:
+        run(cfg, run_dir, on_iteration=stop_at_budget)
+    except BudgetReached:
+        pass
+
+
+# --- evotorch (runs in a subprocess of --peer-python) ------------------------------
+
+def network_string(hidden: list[int]) -> str:
+    sizes = ["obs_length", *map(str, hidden)]
+    layers = [f"Linear({a}, {b}) >> Tanh()" for a, b in zip(sizes, sizes[1:], strict=False)]
+    return " >> ".join(layers + [f"Linear({sizes[-1]}, act_length) >> Tanh()"])
+
+
+def evotorch_seed(args, seed: int, run_dir: Path) -> None:
+    import random
+
+    import numpy as np
+    import ray
+    import torch
+    import yaml
+    from evotorch.algorithms import PGPE
+    from evotorch.neuroevolution import GymNE
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=256 << 20,
+             logging_level="warning")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    network = network_string(args.hidden)
+    settings = dict(algo=dict(name="evotorch-pgpe", popsize=2 * args.population, symmetric=True,
+                              ranking_method="centered", optimizer="adam", center_learning_rate=args.learning_rate,
+                              stdev_init=args.sigma, stdev_learning_rate=0.0, network=network,
+                              observation_normalization=True, episode_length=args.episode_steps,
+                              eval_episodes=args.eval_episodes),
+                    env=dict(name="bipedal_walker", id=ENV_ID), seed=seed, workers=args.workers)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+
+    problem = GymNE(env=ENV_ID, network=network, observation_normalization=True, num_episodes=1,
+                    episode_length=args.episode_steps, num_actors=args.workers)
+    # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
+    # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
+    searcher = PGPE(problem, popsize=2 * args.population, center_learning_rate=args.learning_rate,
+                    stdev_learning_rate=0.0, stdev_init=args.sigma, optimizer="adam", ranking_method="centered",
+                    symmetric=True)
+    train_s, began, iteration, timesteps = 0.0, time.perf_counter(), 0, 0
+    with open(run_dir / "metrics.jsonl", "w") as log:
+        while timesteps < args.steps:
+            t0 = time.perf_counter()
+            searcher.step()
+            t1 = time.perf_counter()
+            status = searcher.status
+            timesteps = int(status["total_interaction_count"])
+            evaluated = problem.run(status["center"], num_episodes=args.eval_episodes, update_stats=False)
+            eval_s = time.perf_counter() - t1
+            train_s += t1 - t0
+            row = dict(iteration=iteration, timesteps=timesteps, reward_mean=float(status["mean_eval"]),
+                       reward_max=float(status["pop_best_eval"]),
+                       eval_reward=float(evaluated["cumulative_reward"]), time_s=train_s,
+                       wall_s=time.perf_counter() - began, iteration_s=t1 - t0, eval_s=eval_s,
+                       episodes=int(status["total_episode_count"]))
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(f"evotorch seed {seed} iter {iteration:>5}  steps {timesteps:,}  reward mean "
+                  f"{row['reward_mean']:.2f} max {row['reward_max']:.2f}  eval {row['eval_reward']:.2f}  "
+                  f"{row['iteration_s']:.2f} s/iter (+{eval_s:.2f} s eval)  {row['wall_s']:.0f} s", flush=True)
+            iteration += 1
+    ray.shutdown()
+
+
+def peer_available(python: str) -> str | None:
+    """None when ``python`` imports evotorch and ray, else why not."""
+    try:
+        done = subprocess.run([python, "-c", "import evotorch, ray, torch"], capture_output=True, text=True,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} could not be run: {exc}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no error text)"])[-1]
+        return f"{python} cannot import evotorch: {last}"
+    return None
+
+
+def peer_seed(args, seed: int, out: Path) -> bool:
+    command = [args.peer_python, str(Path(__file__).resolve()), "--peer-child", "--seeds", str(seed),
+               "--out", str(out), "--steps", str(args.steps), "--workers", str(args.workers),
+               "--population", str(args.population), "--sigma", str(args.sigma),
+               "--learning-rate", str(args.learning_rate), "--eval-episodes", str(args.eval_episodes),
+               "--hidden", ",".join(map(str, args.hidden))]
+    if args.episode_steps is not None:
+        command += ["--episode-steps", str(args.episode_steps)]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path)
+    return subprocess.run(command, env=env).returncode == 0
+
+
+# --- report ----------------------------------------------------------------------
+
+def summarize(framework: str, seed: int, run_dir: Path, wall_key: str) -> dict | None:
+    metrics = read_metrics(run_dir)
+    if not metrics:
+        return None
+    last = metrics[-1]
+    evals = [m["eval_reward"] for m in metrics if m.get("eval_reward") is not None]
+    row = dict(framework=framework, seed=seed, iterations=len(metrics), final_eval=evals[-1] if evals else None,
+               best_eval=max(evals) if evals else None, steps=last["timesteps"], wall_s=last[wall_key],
+               run_dir=str(run_dir))
+    row["steps_per_s"] = row["steps"] / row["wall_s"]
+    if wall_key != "time_s":  # evotorch: also without its main-process evals
+        row["train_s"] = last["time_s"]
+        row["train_steps_per_s"] = row["steps"] / row["train_s"]
+    return row
+
+
+def fmt(value, spec):
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def report(rows: list[dict], out: Path, args) -> None:
+    print(f"\nBipedalWalker-v3, {args.steps:,} env steps per seed, {args.workers} workers, population "
+          f"{args.population} pairs")
+    print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} {'env steps':>11} "
+          f"{'wall s':>8} {'steps/s':>8} {'steps/s w/o eval':>17}")
+    for r in rows:
+        print(f"{r['framework']:<10} {r['seed']:>4} {r['iterations']:>6} {fmt(r['final_eval'], '10.1f')} "
+              f"{fmt(r['best_eval'], '10.1f')} {r['steps']:>11,} {r['wall_s']:>8.0f} {r['steps_per_s']:>8.0f} "
+              f"{fmt(r.get('train_steps_per_s'), '17.0f')}")
+    by = {name: [r for r in rows if r["framework"] == name] for name in ("fiberrl", "evotorch")}
+    means = {}
+    for name, group in by.items():
+        if group:
+            means[name] = {k: statistics.mean(r[k] for r in group) for k in ("steps_per_s", "wall_s")}
+            finals = [r["final_eval"] for r in group if r["final_eval"] is not None]
+            bests = [r["best_eval"] for r in group if r["best_eval"] is not None]
+            if group[0].get("train_steps_per_s") is not None:
+                means[name]["train_steps_per_s"] = statistics.mean(r["train_steps_per_s"] for r in group)
+            final = fmt(statistics.mean(finals), ".1f") if finals else "-"
+            best = fmt(statistics.mean(bests), ".1f") if bests else "-"
+            print(f"{name:<10} mean over {len(group)} seed(s): final eval {final}, best eval {best}, "
+                  f"{means[name]['steps_per_s']:.0f} env steps/s, {means[name]['wall_s']:.0f} s")
+    if "fiberrl" in means and "evotorch" in means:
+        f, e = means["fiberrl"], means["evotorch"]
+        print(f"env steps/s, fiberrl / evotorch: {f['steps_per_s'] / e['steps_per_s']:.2f} (evotorch's main-process "
+              f"evals counted), {f['steps_per_s'] / e['train_steps_per_s']:.2f} (left out)")
+    (out / "summary.json").write_text(json.dumps(dict(args={k: (str(v) if isinstance(v, Path) else v)
+                                                           for k, v in vars(args).items()}, rows=rows), indent=1))
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    colors = {"fiberrl": "C0", "evotorch": "C1"}
+    labelled = set()
+    for r in rows:
+        metrics = [m for m in read_metrics(Path(r["run_dir"])) if m.get("eval_reward") is not None]
+        label = None
+        if r["framework"] not in labelled:
+            labelled.add(r["framework"])
+            label = {"fiberrl": "fiberrl ES", "evotorch": "evotorch PGPE (OpenAI-ES settings)"}[r["framework"]]
+        wall = "time_s" if r["framework"] == "fiberrl" else "wall_s"
+        for ax, x_key in zip(axes, ("timesteps", wall), strict=True):
+            ax.plot([m[x_key] for m in metrics], [m["eval_reward"] for m in metrics], color=colors[r["framework"]],
+                    alpha=0.8, linewidth=1.2, label=label)
+    axes[0].set_xlabel("environment steps")
+    axes[1].set_xlabel("wall time (s)")
+    axes[0].set_ylabel("eval reward (unperturbed policy)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize="small")
+    seeds = sorted({r["seed"] for r in rows})
+    fig.suptitle(f"BipedalWalker-v3, ES: one line per seed ({', '.join(map(str, seeds))})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    parser.add_argument("--steps", type=int, default=3_000_000)
+    parser.add_argument("--seeds", type=ints, default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--population", type=int, default=32)
+    parser.add_argument("--sigma", type=float, default=0.02)
+    parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--episode-steps", type=int, default=None)
+    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--hidden", type=ints, default=[64, 64])
+    parser.add_argument("--noise-size", type=int, default=50_000_000)
+    parser.add_argument("--peer-python", default=sys.executable)
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--peer-only", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--peer-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.eval_episodes < 1:
+        parser.error("--eval-episodes must be at least 1 (the curves plot eval reward)")
+
+    if args.peer_child:  # one evotorch seed, in the --peer-python interpreter
+        evotorch_seed(args, args.seeds[0], args.out / "evotorch" / f"seed{args.seeds[0]}")
+        return
+
+    out = args.peer_only or args.out or (REPO / "experiments" / "results" / "es_bipedal"
+                                         / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"results in {out}", flush=True)
+    rows = []
+    if args.peer_only is None:
+        for seed in args.seeds:
+            run_dir = out / "fiberrl" / f"seed{seed}"
+            print(f"\nfiberrl ES, seed {seed}, {args.steps:,} env steps, {args.workers} workers", flush=True)
+            fiberrl_seed(args, seed, run_dir)
+    if not args.no_peer:
+        why = peer_available(args.peer_python)
+        if why is not None:
+            print(f"\nthe evotorch peer was skipped: {why} (pass --peer-python with an interpreter that has "
+                  f"evotorch; see this script's docstring)", flush=True)
+        else:
+            for seed in args.seeds:
+                print(f"\nevotorch PGPE, seed {seed}, {args.steps:,} env steps, {args.workers} ray actors", flush=True)
+                if not peer_seed(args, seed, out):
+                    print(f"the evotorch run of seed {seed} failed (its output is above)", flush=True)
+    for seed in args.seeds:
+        for framework, wall_key in (("fiberrl", "time_s"), ("evotorch", "wall_s")):
+            row = summarize(framework, seed, out / framework / f"seed{seed}", wall_key)
+            if row is not None:
+                rows.append(row)
+    rows.sort(key=lambda r: (r["framework"] != "fiberrl", r["seed"]))
+    if not rows:
+        print("no run logged any metrics")
+        return
+    report(rows, out, args)
+    png = out / "es_bipedal.png"
+    draw(rows, png)
+    print(f"curves: {png}")
+
+
+if __name__ == "__main__":
+    main()
