@@ -290,10 +290,11 @@ def train(cfg, run, on_iteration=None) -> dict:
     summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
     server = ParamServer()
     server.start()
-    store = server.ParamStore()
-    pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
+    pool = None
     began = time.perf_counter() - elapsed
     try:
+        store = server.ParamStore()
+        pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         for iteration in range(start, algo.iterations):
             t0 = time.perf_counter()
             asked = es.ask()
@@ -343,7 +344,8 @@ def train(cfg, run, on_iteration=None) -> dict:
                 run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={algo.stop_reward}")
                 break
     finally:
-        pool.terminate()
+        if pool is not None:
+            pool.terminate()
         server.shutdown()
         if noise.created:
             noise.unlink()

@@ -333,3 +333,16 @@ def test_manager_streams_refuse_clients_without_the_secret(tmp_path):
             auth._secret = real
         d["fine"] = True
         assert d["fine"] and not marker.exists()
+
+
+def test_connections_are_per_server_not_per_port():
+    # a new server can be given a dead one's port; its calls must not go down the dead one's
+    # stale connection, nor may releases of the dead one's objects reach the new one
+    from fiberrl.runtime.managers.proxy import connection
+
+    with mp.Manager() as m:
+        d = m.dict()
+        d["x"] = 1
+        ours = connection(m.address, m._ref.name)
+        assert connection(m.address, m._ref.name) is ours
+        assert connection(m.address, "SyncManager-0 (pid 1)") is not ours

@@ -84,16 +84,19 @@ class Connection:
 _local = threading.local()
 
 
-def connection(address: str) -> Connection:
-    """This thread's live connection to ``address``: one per thread, so a
-    call that blocks in the server holds up no other thread."""
+def connection(address: str, server: str) -> Connection:
+    """This thread's live connection to the server ``server`` at ``address``: one
+    per thread, so a call that blocks in the server holds up no other thread.
+    Keyed by the server too: a new server may be given a dead one's port, and a
+    connection to the dead one may not have noticed yet."""
     conns = getattr(_local, "conns", None)
     if conns is None or _local.pid != os.getpid():
         conns = _local.conns = {}
         _local.pid = os.getpid()
-    conn = conns.get(address)
+    key = (address, server)
+    conn = conns.get(key)
     if conn is None or conn.error is not None:
-        conn = conns[address] = Connection(address)
+        conn = conns[key] = Connection(address)
     return conn
 
 
@@ -113,7 +116,7 @@ class ManagerRef:
     def ask(self, op: int, token: int, parts=()) -> tuple[Connection, int]:
         _send_releases()
         try:
-            conn = connection(self.address)
+            conn = connection(self.address, self.name)
             return conn, conn.call(op, token, parts)
         except StreamClosed as exc:
             raise self.gone(exc) from None
@@ -136,15 +139,15 @@ class ManagerRef:
 _releases: deque = deque()
 
 
-def _queue_release(address: str, token: int) -> None:
-    _releases.append((address, token))
+def _queue_release(address: str, server: str, token: int) -> None:
+    _releases.append((address, server, token))
 
 
 def _send_releases() -> None:
     while _releases:
-        address, token = _releases.popleft()
+        address, server, token = _releases.popleft()
         try:
-            connection(address).call(M_DECREF, token, reply=False)
+            connection(address, server).call(M_DECREF, token, reply=False)
         except (StreamClosed, PermissionError):
             pass  # the manager went away: nothing left to release
 
@@ -177,7 +180,7 @@ class BaseProxy:
         self._typeid = typeid
         self._exposed = tuple(exposed)
         self._manager = None
-        finalizer = weakref.finalize(self, _queue_release, ref.address, token)
+        finalizer = weakref.finalize(self, _queue_release, ref.address, ref.name, token)
         finalizer.atexit = False
 
     def _callmethod(self, methodname: str, args=(), kwds=None):
