@@ -90,13 +90,9 @@ class BudgetReached(Exception):
 
 
 def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
-    from hydra import compose, initialize_config_dir
+    from fiberrl.app import run
+    from fiberrl.config import compose
 
-    from fiberrl.app import register_resolvers, run
-    from fiberrl.config import register_configs
-
-    register_resolvers()
-    register_configs()
     overrides = ["algo=es", "env=bipedal_walker", f"workers={args.workers}", f"seed={seed}", "tensorboard=false",
                  "algo.iterations=1000000", "algo.checkpoint_every=1000000",
                  f"algo.population={args.population}", f"algo.sigma={args.sigma}",
@@ -104,8 +100,7 @@ def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
                  f"algo.hidden=[{','.join(map(str, args.hidden))}]", f"algo.noise_size={args.noise_size}"]
     if args.episode_steps is not None:
         overrides.append(f"algo.episode_steps={args.episode_steps}")
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose(overrides)
 
     def stop_at_budget(iteration, pool):
         metrics = read_metrics(run_dir)

@@ -83,6 +83,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # so that workers (which get this sys.path) import this module by name
     sys.path.insert(0, str(REPO))
 
+from fiberrl.config import compose  # noqa: E402 -- needs the path above
+
 # The plain id, registered when this module is imported.  The parent runs this file; each worker imports it
 # again as its __main__ (spawn's preparation) before it builds its env, so the id is registered there too.
 # (The "module:Id" form would import it by name, but fiberrl.envs.check_env_id rejects such ids: it asks
@@ -118,21 +120,6 @@ if ENV_NAME not in gym.registry:
 
 
 # --- run helpers ---------------------------------------------------------------
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        return hydra_compose("config", overrides=overrides)
-
-
-def setup() -> None:
-    from fiberrl.app import register_resolvers
-    from fiberrl.config import register_configs
-    register_resolvers()
-    register_configs()
-
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
@@ -414,7 +401,6 @@ def main():
     out = args.out or REPO / "experiments" / "results" / "es_scaling" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
 
-    setup()
     import fiberrl.app
     base = ["algo=es", "seed=0", "tensorboard=false", f"algo.population={args.population}",
             f"algo.noise_size={args.noise_size}", "algo.checkpoint_every=100000"]
