@@ -151,3 +151,24 @@ def test_secret_reaches_children_through_environment_only():
     p.join(30)
     assert secret_hex == auth.run_secret().hex() and len(bytes.fromhex(secret_hex)) >= 32
     assert secret_hex.encode() not in cmdline
+
+
+def test_a_lost_connection_is_never_redialled_unauthenticated():
+    """When its connection drops, a client is done: nng must not dial a fresh,
+    unauthenticated pipe and send requests down it."""
+    pipes, served = [], []
+    server = transport.Server("127.0.0.1", lambda request: (served.append(request.op), request.reply(transport.OK)))
+    server._sock.add_post_pipe_connect_cb(lambda pipe: pipes.append(pipe))
+    client = transport.Client(server.address, connect_timeout=5)
+    try:
+        assert client.request(transport.OK)[0] == transport.OK
+        assert len(pipes) == 1
+        pipes[0].close()  # the server drops it, as it does a connection that misbehaves
+        assert client.wait_lost(5)
+        with pytest.raises(mp.PeerGone):
+            client.request(transport.OK, timeout=2)
+        time.sleep(1.5)  # nng's default would have redialled after 1 s
+        assert len(pipes) == 1
+    finally:
+        client.close()
+        server.close()

@@ -164,10 +164,15 @@ class Pending:
         return self._client._end(self._ctx)
 
 
+NEVER_MS = 2**31 - 1
+
+
 class Client:
     def __init__(self, address: str, connect_timeout: float = 10.0):
         self.address = address
-        self._sock = pynng.Req0(resend_time=-1)
+        # no resends and no redials: a request must never travel down a fresh pipe
+        # that has not passed the handshake; a lost connection stays lost (PeerGone)
+        self._sock = pynng.Req0(resend_time=-1, reconnect_time_min=NEVER_MS, reconnect_time_max=NEVER_MS)
         self._lost = threading.Event()
         self._inflight: set = set()
         self._lock = threading.Lock()
