@@ -347,7 +347,6 @@ def train(cfg, run, on_iteration=None) -> dict:
         if pool is not None:
             pool.terminate()
         server.shutdown()
-        if noise.created:
-            noise.unlink()
+        noise.unlink()  # this host's copy, made by this run or left by a crashed one: 1 GB of memory
     summary["theta"] = es.theta
     return summary

@@ -32,6 +32,11 @@ def _shared_dir(nbytes: int) -> str:
     return tempfile.gettempdir()
 
 
+def table_path(seed: int, size: int) -> str:
+    """Where this host keeps the table of ``size`` numbers from ``seed``."""
+    return os.path.join(_shared_dir(size * FLOAT_BYTES), f"fiberrl-noise-{seed}-{size}.f32")
+
+
 class NoiseTable:
     """``size`` float32 numbers from N(0, 1), a pure function of ``seed``."""
 
@@ -39,8 +44,7 @@ class NoiseTable:
         if size < 1:
             raise ValueError(f"the noise table needs at least one number, got size={size}")
         self.seed, self.size = int(seed), int(size)
-        nbytes = self.size * FLOAT_BYTES
-        self.path = os.path.join(_shared_dir(nbytes), f"fiberrl-noise-{self.seed}-{self.size}.f32")
+        self.path = table_path(self.seed, self.size)
         self.created = False
         if not self._complete():
             self._generate_once()

@@ -1,5 +1,6 @@
 """ES: the ask/tell core without workers, the shared noise table, and whole
 runs on real pool workers (learning, determinism, worker loss, resume)."""
+import glob
 import json
 import os
 import random
@@ -13,7 +14,7 @@ import fiberrl.runtime as mp
 from algos.es import ES, Config, RunningStat, centered_ranks
 from fiberrl.app import run
 from fiberrl.config import compose
-from fiberrl.noise import NoiseTable
+from fiberrl.noise import NoiseTable, table_path
 
 SMALL = ["algo.noise_size=2000000", "tensorboard=false"]
 
@@ -28,10 +29,13 @@ def test_ask_tell_core_converges_on_a_quadratic():
         return -float(np.sum(np.square(x - target)))
 
     start = fitness(es.theta)
-    for _ in range(300):
-        asked = es.ask()
-        eps = [es.perturbation(i) for i in asked.noise_index]
-        es.tell(asked, [fitness(es.theta + e) for e in eps], [fitness(es.theta - e) for e in eps])
+    try:
+        for _ in range(300):
+            asked = es.ask()
+            eps = [es.perturbation(i) for i in asked.noise_index]
+            es.tell(asked, [fitness(es.theta + e) for e in eps], [fitness(es.theta - e) for e in eps])
+    finally:
+        noise.unlink()
     assert fitness(es.theta) > 0.01 * start  # within 1% of where it started from the optimum
     assert np.abs(es.theta - target).max() < 0.1
 
@@ -92,6 +96,7 @@ def test_cartpole_reaches_500(tmp_path):
     assert _metrics(tmp_path / "solve")[0]["eval_reward"] < 50  # it learnt: the first policy falls at once
     assert summary["eval_reward"] == 500.0
     assert (tmp_path / "solve" / "best_policy.npz").exists()
+    assert not glob.glob(table_path(0, 2_000_000) + "*")  # the run removed its noise table
     assert len(_metrics(tmp_path / "solve")) == summary["iterations"]
 
 
