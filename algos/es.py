@@ -31,7 +31,7 @@ import numpy as np
 import fiberrl.runtime as mp
 from fiberrl.envs import make_env
 from fiberrl.noise import NoiseTable
-from fiberrl.policies import make_policy, run_episode
+from fiberrl.policies import RunningStat, make_policy, run_episode
 
 
 @dataclass
@@ -58,28 +58,6 @@ class Config:
 
 
 # --- the ask/tell core: no workers, no environments -------------------------
-
-class RunningStat:
-    """Running mean and std of observations, from sums (as OpenAI's ES)."""
-
-    def __init__(self, shape, eps: float = 1e-2):
-        self.sum = np.zeros(shape, dtype=np.float64)
-        self.sumsq = np.full(shape, eps, dtype=np.float64)
-        self.count = eps
-
-    def increment(self, total, total_sq, count) -> None:
-        self.sum += total
-        self.sumsq += total_sq
-        self.count += count
-
-    @property
-    def mean(self) -> np.ndarray:
-        return (self.sum / self.count).astype(np.float32)
-
-    @property
-    def std(self) -> np.ndarray:
-        return np.sqrt(np.maximum(self.sumsq / self.count - np.square(self.sum / self.count), 1e-2)).astype(np.float32)
-
 
 class Adam:
     def __init__(self, size: int, learning_rate: float, beta1: float, beta2: float, epsilon: float = 1e-8):

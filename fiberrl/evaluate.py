@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from .envs import UnknownEnvironment, make_env
-from .policies import make_policy, run_episode
+from .policies import RunningStat, make_policy, run_episode
 from .run import CHECKPOINT, load_npz
 
 CHECKPOINT_CHOICES = ("best", "latest")
@@ -75,11 +75,9 @@ def _newest_checkpoint(run_dir: Path) -> Path:
 
 
 def _observation_stats(arrays: dict, values: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std of the running normaliser saved in a checkpoint (as ``algos.es.RunningStat``)."""
-    count = values["obs_count"]
-    mean = arrays["obs_sum"] / count
-    std = np.sqrt(np.maximum(arrays["obs_sumsq"] / count - np.square(mean), 1e-2))
-    return mean.astype(np.float32), std.astype(np.float32)
+    """Mean and std of the running normaliser saved in a checkpoint."""
+    stat = RunningStat.from_sums(arrays["obs_sum"], arrays["obs_sumsq"], values["obs_count"])
+    return stat.mean, stat.std
 
 
 def _load_parameters(run_dir: Path, which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, str]:

@@ -127,6 +127,34 @@ class TorchMLPPolicy:
         return self.action(out.numpy())
 
 
+class RunningStat:
+    """Running mean and std of observations, from sums (as OpenAI's ES)."""
+
+    def __init__(self, shape, eps: float = 1e-2):
+        self.sum = np.zeros(shape, dtype=np.float64)
+        self.sumsq = np.full(shape, eps, dtype=np.float64)
+        self.count = eps
+
+    def increment(self, total, total_sq, count) -> None:
+        self.sum += total
+        self.sumsq += total_sq
+        self.count += count
+
+    @property
+    def mean(self) -> np.ndarray:
+        return (self.sum / self.count).astype(np.float32)
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(np.maximum(self.sumsq / self.count - np.square(self.sum / self.count), 1e-2)).astype(np.float32)
+
+    @classmethod
+    def from_sums(cls, total, total_sq, count) -> "RunningStat":
+        stat = cls(np.shape(total), eps=0.0)
+        stat.increment(total, total_sq, count)
+        return stat
+
+
 POLICIES = {"mlp": MLPPolicy, "torch_mlp": TorchMLPPolicy}
 
 
