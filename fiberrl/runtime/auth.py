@@ -21,6 +21,7 @@ import os
 import secrets
 
 SECRET_ENV = "FIBERRL_RUN_SECRET"
+SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
 NONCE_BYTES = 32
 _secret: bytes | None = None
 
@@ -30,6 +31,14 @@ def run_secret() -> bytes:
     global _secret
     if _secret is None:
         inherited = os.environ.get(SECRET_ENV)
+        secret_file = os.environ.get(SECRET_FILE_ENV)
+        if not inherited and secret_file:
+            # backends whose job environment others can read hand the secret over in a private file
+            try:
+                with open(secret_file) as fh:
+                    inherited = fh.read().strip()
+            except OSError as exc:
+                raise RuntimeError(f"{SECRET_FILE_ENV} names {secret_file}, which cannot be read: {exc}") from None
         if inherited:
             try:
                 _secret = bytes.fromhex(inherited)
@@ -40,6 +49,12 @@ def run_secret() -> bytes:
         else:
             _secret = secrets.token_bytes(32)
     return _secret
+
+
+def run_id() -> str:
+    """A public name of this run, the same in all its processes (labels, job
+    names); derived from the secret, from which it reveals nothing."""
+    return hashlib.sha256(b"fiberrl-run-id" + run_secret()).hexdigest()[:12]
 
 
 def new_nonce() -> bytes:

@@ -20,7 +20,7 @@ ENV_PREFIX = "FIBERRL_"
 FILE_ENV = "FIBERRL_CONFIG_FILE"
 DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
-RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
+RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
                 "FIBERRL_RESOLVED_CONFIG", FILE_ENV}
 
 
@@ -30,10 +30,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class RuntimeConfig:
-    backend: str = "local"
-    """Where job-backed processes run: local (child OS processes)."""
-    host: str = "127.0.0.1"
-    """Address this process listens on; loopback suits the local backend."""
+    backend: str = "auto"
+    """Where job-backed processes run: local (child OS processes), docker,
+    kubernetes or slurm; auto is kubernetes inside a pod, else local."""
+    host: str = ""
+    """Address this process listens on; empty lets the backend choose one its
+    jobs can reach (loopback for local)."""
     heartbeat_interval: float = 1.0
     """Seconds between a child's checks that its parent is alive."""
     heartbeat_timeout: float = 30.0
@@ -45,6 +47,33 @@ class RuntimeConfig:
     """Seconds a child may take to connect back to its parent after launch."""
     log_level: str = "WARNING"
     """Level of the ``fiberrl`` logger."""
+    schedule_timeout: float = 600.0
+    """Seconds a job may wait to be scheduled (pending pod, queued Slurm job)
+    before it is cancelled and reported as unable to start."""
+    image: str = ""
+    """Image of docker and kubernetes jobs; empty: the image this process runs in."""
+    volumes: str = ""
+    """Mounts for docker and kubernetes jobs, ``SRC:DST[:ro]`` comma-separated.
+    SRC is a host path (or, on docker, a named volume; on kubernetes, a
+    PersistentVolumeClaim name).  The working directory is always mounted."""
+    forward_env: str = ""
+    """Comma-separated environment variables copied into docker, kubernetes
+    and slurm jobs, beyond FIBERRL_* and the Python ones."""
+    docker_network: str = ""
+    """Docker network of the jobs; empty: this container's network, else bridge."""
+    kubernetes_namespace: str = ""
+    """Namespace of the pods; empty: this pod's own, else the kubeconfig's, else default."""
+    kubernetes_config: str = ""
+    """kubeconfig file; empty: in-cluster config inside a pod, else ~/.kube/config."""
+    slurm_partition: str = ""
+    slurm_account: str = ""
+    slurm_time: str = ""
+    """Slurm time limit of each job (``--time``), e.g. 1-00:00:00."""
+    slurm_options: str = ""
+    """Further sbatch options, as on a command line."""
+    slurm_dir: str = ""
+    """Directory on a file system every node shares, for the jobs' exit files,
+    logs and the run's secret; empty: ~/.fiberrl/slurm."""
 
 
 _KEYS = {f.name: f for f in fields(RuntimeConfig)}

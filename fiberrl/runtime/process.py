@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import multiprocessing.spawn
 import os
 import pickle
@@ -20,7 +21,7 @@ import uuid
 import cloudpickle
 
 from . import auth
-from .backends import JobSpec, JobStatus, get_backend
+from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name
 from .config import get_config, serialize
 from .hub import get_hub
 from .meta import resources_of
@@ -30,6 +31,7 @@ PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
 PROCESS_ID_ENV = "FIBERRL_PROCESS_ID"
 CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"
 
+log = logging.getLogger("fiberrl")
 _children: set["Process"] = set()
 _children_lock = threading.Lock()
 _exit_hook_registered = False
@@ -128,8 +130,16 @@ class Process(BaseProcess):
     def _backend(self):
         return get_backend(self._backend_name)
 
+    @property
+    def job_error(self) -> str | None:
+        """Why the backend could not run this process (image missing, never
+        scheduled), once it knows; None otherwise."""
+        return None if self._job is None else self._job.error
+
     def _set_exit(self, code: int) -> None:
         self._exitcode = code
+        if self._job is not None and self._job.error:
+            log.error("%s could not run on the %s backend: %s", self._name, self._backend_name, self._job.error)
         with _children_lock:
             _children.discard(self)
 
@@ -161,8 +171,9 @@ class Process(BaseProcess):
         })
         resources = self._resources or (resources_of(self._target) if self._target is not None
                                         else resources_of(type(self).run))
-        spec = JobSpec(command=list(CHILD_COMMAND), name=self._name, env=env, cwd=os.getcwd(), **resources)
-        self._backend_name = get_config().backend
+        spec = JobSpec(command=list(CHILD_COMMAND), name=self._name, env=env, cwd=os.getcwd(),
+                       run=auth.run_id(), owner=OWNER, **resources)
+        self._backend_name = resolve_name(get_config().backend)
         try:
             self._job = self._backend().create_job(spec)
         except BaseException:

@@ -1,9 +1,42 @@
 """Backends turn a JobSpec into a running job on a cluster manager."""
 from __future__ import annotations
 
-from .base import Backend, Job, JobSpec, JobStatus
+import atexit
+import importlib
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus
+
+BACKENDS = {
+    "local": "fiberrl.runtime.backends.local:LocalBackend",
+    "docker": "fiberrl.runtime.backends.docker:DockerBackend",
+    "kubernetes": "fiberrl.runtime.backends.kubernetes:KubernetesBackend",
+    "slurm": "fiberrl.runtime.backends.slurm:SlurmBackend",
+}
+# jobs this process starts carry it; cleanup and the reaper find them by it
+OWNER = uuid.uuid4().hex[:12]
 
 _instances: dict[str, Backend] = {}
+_lock = threading.Lock()
+
+
+def resolve_name(name: str) -> str:
+    """``auto`` is kubernetes inside a pod, else local."""
+    if name == "auto":
+        return "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
+    return name
+
+
+def make_backend(name: str) -> Backend:
+    """A new instance of the backend called ``name``, not watched (the reaper's)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)} (or auto)")
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def get_backend(name: str | None = None) -> Backend:
@@ -11,13 +44,13 @@ def get_backend(name: str | None = None) -> Backend:
     if name is None:
         from ..config import get_config
         name = get_config().backend
-    if name not in _instances:
-        if name == "local":
-            from .local import LocalBackend
-            _instances[name] = LocalBackend()
-        else:
-            raise ValueError(f"unknown backend {name!r}; available: local")
-    return _instances[name]
+    name = resolve_name(name)
+    with _lock:
+        if name not in _instances:
+            backend = make_backend(name)
+            _instances[name] = backend
+            _watch_owner(name, backend)
+        return _instances[name]
 
 
 def listen_host() -> str:
@@ -26,4 +59,26 @@ def listen_host() -> str:
     return get_config().host or get_backend().listen_host()
 
 
-__all__ = ["Backend", "Job", "JobSpec", "JobStatus", "get_backend", "listen_host"]
+def _watch_owner(name: str, backend: Backend) -> None:
+    """Clean up this process's jobs at exit; where jobs could outlive a killed
+    process, a reaper process does it when this one dies."""
+    atexit.register(backend.cleanup, OWNER)
+    if backend.needs_reaper():
+        from ..config import get_config, serialize
+        env = dict(os.environ, FIBERRL_RESOLVED_CONFIG=serialize(get_config()))
+        reaper = subprocess.Popen(
+            [sys.executable, "-m", "fiberrl.runtime.backends.reaper", str(os.getpid()), name, OWNER],
+            env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        atexit.register(_stop_reaper, reaper)
+
+
+def _stop_reaper(reaper: subprocess.Popen) -> None:
+    reaper.terminate()
+    try:
+        reaper.wait(5)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+
+
+__all__ = ["BACKENDS", "NEVER_RAN_EXIT", "OWNER", "Backend", "Job", "JobSpec", "JobStatus", "get_backend",
+           "listen_host", "make_backend", "resolve_name"]

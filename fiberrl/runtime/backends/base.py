@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
 from dataclasses import dataclass, field
+
+# what a job on another machine or in a container inherits from this
+# process's environment: its own variables would name paths of this host
+FORWARDED_PREFIXES = ("FIBERRL_",)
+FORWARDED_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE",
+                   "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "HYDRA_FULL_ERROR")
+# exit code of a job the cluster never ran (unschedulable, cancelled while pending)
+NEVER_RAN_EXIT = 125
 
 
 @dataclass
@@ -23,6 +32,10 @@ class JobSpec:
     volumes: dict[str, str] = field(default_factory=dict)
     """Host path or claim name -> mount path inside the job."""
     cwd: str | None = None
+    run: str = ""
+    """The run's public id (``auth.run_id()``), for labels and job names."""
+    owner: str = ""
+    """Id of the process that started the job; ``Backend.cleanup(owner)`` removes its jobs."""
 
 
 class JobStatus(enum.Enum):
@@ -41,6 +54,9 @@ class Job:
     host: str | None = None
     handle: object = None
     """Backend-private state (a Popen, a container, a pod name...)."""
+    error: str | None = None
+    """Why the job could not run, once a backend knows (image missing, never
+    scheduled); its exit code is then ``NEVER_RAN_EXIT``."""
 
 
 class Backend(abc.ABC):
@@ -66,3 +82,40 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def listen_host(self) -> str:
         """The address this process should listen on so its jobs can reach it."""
+
+    def cleanup(self, owner: str) -> None:
+        """Remove every job ``owner`` started that is still there: run at exit,
+        and by the reaper when the owner died without exiting."""
+
+    def needs_reaper(self) -> bool:
+        """Whether jobs could outlive a killed owner (a pending job has no
+        connection to the owner to lose); if so a reaper process calls
+        ``cleanup(owner)`` when the owner dies."""
+        return False
+
+
+def remote_env(env: dict[str, str], forward: str = "") -> dict[str, str]:
+    """The part of ``env`` a job elsewhere should get: fiberrl's variables, the
+    Python ones, and the comma-separated names in ``forward``."""
+    names = set(FORWARDED_NAMES) | {n.strip() for n in forward.split(",") if n.strip()}
+    return {k: v for k, v in env.items() if k in names or k.startswith(FORWARDED_PREFIXES)}
+
+
+def parse_volumes(text: str) -> list[tuple[str, str, bool]]:
+    """``SRC:DST[:ro],...`` as (source, destination, read_only) triples."""
+    mounts = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        pieces = item.split(":")
+        mode = pieces[2] if len(pieces) == 3 else "rw"
+        if len(pieces) not in (2, 3) or mode not in ("ro", "rw") or not pieces[0] or not pieces[1].startswith("/"):
+            raise ValueError(f"volume {item!r}: expected SRC:DST or SRC:DST:ro with DST an absolute path "
+                             f"inside the job, e.g. /data:/data:ro or outputs:/persistent")
+        read_only = mode == "ro"
+        mounts.append((pieces[0], pieces[1], read_only))
+    return mounts
+
+
+def working_directory(spec: JobSpec) -> str:
+    return spec.cwd or os.getcwd()

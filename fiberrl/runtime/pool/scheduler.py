@@ -381,7 +381,9 @@ class Scheduler:
                 if not worker.asked:
                     self._startup_deaths += 1
                     if self._startup_deaths >= MAX_STARTUP_DEATHS:
-                        self._broken = (f"pool workers keep dying before taking any task (last exit code "
+                        error = worker.process.job_error
+                        self._broken = (f"pool workers cannot start: {error}" if error else
+                                        f"pool workers keep dying before taking any task (last exit code "
                                         f"{exitcode}); is the initializer failing? See the log above")
             replies = self._dispatch()
         if not expected:
