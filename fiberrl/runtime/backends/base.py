@@ -93,6 +93,27 @@ class Backend(abc.ABC):
         ``cleanup(owner)`` when the owner dies."""
         return False
 
+    # --- `fiberrl submit`: a run's master as a detached job ----------------
+    def submit(self, spec: JobSpec) -> str:
+        """Start ``spec`` as a run's master job that outlives this process
+        (never cleaned up with its owner); return an id for the methods below.
+        ``spec.run`` names the run: ``cancel`` removes every job carrying it."""
+        raise NotImplementedError(f"the {self.name} backend cannot submit runs; use docker, kubernetes or slurm")
+
+    def describe(self, job_id: str) -> dict:
+        """A submitted job's state: ``{"id", "state": pending|running|exited|unknown,
+        "exit_code", "where"}`` (node, container or pod)."""
+        raise NotImplementedError(f"the {self.name} backend has no submitted runs")
+
+    def logs(self, job_id: str, follow: bool = False):
+        """The submitted job's output as an iterator of text chunks; with
+        ``follow``, until the job ends."""
+        raise NotImplementedError(f"the {self.name} backend has no submitted runs")
+
+    def cancel(self, job_id: str) -> None:
+        """Stop a submitted job and every job of its run."""
+        raise NotImplementedError(f"the {self.name} backend has no submitted runs")
+
 
 def remote_env(env: dict[str, str], forward: str = "") -> dict[str, str]:
     """The part of ``env`` a job elsewhere should get: fiberrl's variables, the
