@@ -42,10 +42,31 @@ def fingerprint(cfg) -> dict:
     return kept
 
 
+def configure_backend(backend) -> None:
+    import fiberrl.runtime as mp
+    from fiberrl.runtime.config import ConfigError
+    from fiberrl.runtime.backends import BACKENDS
+    if backend.name != "auto" and backend.name not in BACKENDS:
+        raise UsageError(f"unknown backend {backend.name!r}; available: {', '.join(BACKENDS)} (or auto)")
+    settings = dict(backend.settings)
+    if backend.name != "auto":
+        settings["backend"] = backend.name
+    try:
+        mp.configure(**settings)
+    except ConfigError as exc:
+        raise UsageError(f"backend.settings: {exc}") from None
+
+
+def resolved_backend() -> str:
+    from fiberrl.runtime.backends import resolve_name
+    from fiberrl.runtime.config import get_config
+    return resolve_name(get_config().backend)
+
+
 def check_workers(cfg) -> None:
     if cfg.workers < 1:
         raise UsageError(f"workers={cfg.workers}: a run needs at least one worker")
-    if cfg.backend.name == "local":
+    if resolved_backend() == "local":
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
         needed = cfg.workers * LOCAL_WORKER_BYTES
         if needed > available:
@@ -56,11 +77,9 @@ def check_workers(cfg) -> None:
 
 def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
     """Start or resume the run ``cfg`` describes in ``run_dir``; returns the algorithm's summary."""
-    import fiberrl.runtime as mp
-
+    configure_backend(cfg.backend)
     check_workers(cfg)
     check_env_id(cfg.env.id)
-    mp.configure(backend=cfg.backend.name)
     path = Path(run_dir)
     if cfg.resume is None and any((path / "checkpoints").glob("*.npz")):
         raise UsageError(f"{path} already holds a run; pass resume={path} to continue it, or choose another "

@@ -26,7 +26,9 @@ class EnvConfig:
 
 @dataclass
 class BackendConfig:
-    name: str = "local"                 # where workers run: fiberrl.runtime's backend
+    name: str = "auto"                  # where workers run: local, docker, kubernetes, slurm; auto: the
+                                        # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml, kubernetes in a pod)
+    settings: dict[str, Any] = field(default_factory=dict)  # runtime settings: image, volumes, slurm_partition...
 
 
 @dataclass

@@ -54,6 +54,9 @@ def test_overrides_are_typed_and_checked():
     (["env.id=CartPol-v1"], r"error: unknown environment id 'CartPol-v1' \(env.id\); did you mean CartPole-v1"),
     (["workers=0"], r"error: workers=0: a run needs at least one worker"),
     (["workers=10000000"], r"error: workers=10000000 would need about \d+ GiB on the local backend"),
+    (["backend=slurm", "+backend.settings.slurm_partion=debug"],
+     r"error: backend.settings: configure\(\): unknown runtime setting 'slurm_partion'; known settings: .*"),
+    (["backend.name=nope"], r"error: unknown backend 'nope'; available: local, docker, kubernetes, slurm \(or auto\)"),
 ])
 def test_bad_settings_fail_in_one_line(tmp_path, args, message):
     result = fiberrl_cli([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)

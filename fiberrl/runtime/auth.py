@@ -51,10 +51,10 @@ def run_secret() -> bytes:
     return _secret
 
 
-def run_id() -> str:
-    """A public name of this run, the same in all its processes (labels, job
-    names); derived from the secret, from which it reveals nothing."""
-    return hashlib.sha256(b"fiberrl-run-id" + run_secret()).hexdigest()[:12]
+def run_id(secret: bytes | None = None) -> str:
+    """A public name of the run with ``secret`` (this run's by default), the
+    same in all its processes (labels, job names); it reveals nothing of the secret."""
+    return hashlib.sha256(b"fiberrl-run-id" + (secret or run_secret())).hexdigest()[:12]
 
 
 def new_nonce() -> bytes:

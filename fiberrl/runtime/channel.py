@@ -186,7 +186,7 @@ class ChannelRef:
     def _local(self) -> Channel | None:
         if self._channel is None:
             hub = current_hub()
-            if hub is not None and hub.address == self.address:
+            if hub is not None and hub.owns(self.address):
                 self._channel = hub.hosted(self.obj_id)
         return self._channel
 

@@ -73,16 +73,29 @@ class Hub:
         self._lock = threading.Lock()
         self._deadlines: Deadlines | None = None
         self._server: Server | None = None
+        self._addresses: dict[str, str] = {}
 
     @property
     def address(self) -> str:
-        """Where other processes reach this hub (the server starts on first use)."""
-        if self._server is None:
+        """Where the jobs of the configured backend reach this hub (the server
+        starts on first use).  A process that switches backends listens on
+        each one's host: queues made before the switch keep their address."""
+        host = listen_host()
+        address = self._addresses.get(host)
+        if address is None:
             with self._lock:
-                if self._server is None:
-                    host = listen_host()
-                    self._server = Server(host, self._handle, self._forget_requests_of)
-        return self._server.address
+                address = self._addresses.get(host)
+                if address is None:
+                    if self._server is None:
+                        self._server = Server(host, self._handle, self._forget_requests_of)
+                        address = self._server.address
+                    else:
+                        address = self._server.listen(host)
+                    self._addresses[host] = address
+        return address
+
+    def owns(self, address: str) -> bool:
+        return address in self._addresses.values()
 
     # --- hosted objects -------------------------------------------------
     def host(self, obj_id: bytes, obj) -> None:

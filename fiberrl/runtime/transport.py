@@ -81,12 +81,15 @@ class Server:
         self._trusted: set[int] = set()
         self._pending: dict[int, tuple[bytes, bytes]] = {}
         self._sock.add_post_pipe_remove_cb(self._forget_pipe)
-        listener = self._sock.listen(f"tcp://{host}:0")
-        self.address = str(listener.url if hasattr(listener, "url") else listener.local_address)
-        if not self.address.startswith("tcp://"):
-            self.address = "tcp://" + self.address
+        self.address = self.listen(host)
         self._thread = threading.Thread(target=self._serve, name="fiberrl-server", daemon=True)
         self._thread.start()
+
+    def listen(self, host: str) -> str:
+        """Also accept connections on ``host`` (a fresh port); its address."""
+        listener = self._sock.listen(f"tcp://{host}:0")
+        address = str(listener.url if hasattr(listener, "url") else listener.local_address)
+        return address if address.startswith("tcp://") else "tcp://" + address
 
     def send_reply(self, header: bytes, status: int, parts) -> None:
         msg = wire.new_msg([bytes((status,)), *parts], header=header)

@@ -1,0 +1,209 @@
+"""One runtime conformance suite, run on every backend this machine has.
+
+Each cluster backend has a helper module beside this file
+(``docker_backend``, ``kubernetes_backend``, ``slurm_backend``) that says
+whether it can run here, the settings that point the runtime at it, how a
+user would kill one of its jobs, and which of its jobs are left.  A backend
+that cannot run here is skipped with the reason; after a backend's tests,
+none of its jobs may be left.
+"""
+import importlib
+import os
+import signal
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from conftest import wait_until
+from fiberrl.runtime.managers import AsyncManager, ManagerError
+from fiberrl.runtime.pool.results import RemoteTraceback
+from fiberrl.runtime.ring import Ring, RingError
+
+BACKENDS = ["local", "docker", "kubernetes", "slurm"]
+
+
+class LocalHelper:
+    """The local backend's answers to what the cluster helpers provide."""
+
+    @staticmethod
+    def settings():
+        return dict(backend="local")
+
+    @staticmethod
+    def kill_job(process):
+        os.kill(process.pid, signal.SIGKILL)
+
+    @staticmethod
+    def leftovers():
+        return []
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def cluster(request):
+    name = request.param
+    if name == "local":
+        helper = LocalHelper
+    else:
+        helper = importlib.import_module(f"{name}_backend")
+        reason = helper.available()
+        if reason:
+            pytest.skip(f"{name} backend cannot run here: {reason}")
+    mp.configure(**helper.settings())
+    try:
+        yield helper
+    finally:
+        mp.config.reset()
+        assert wait_until(lambda: not helper.leftovers(), 60, 0.5), \
+            f"{name} jobs left after its tests: {helper.leftovers()}"
+
+
+# --- what the jobs run -------------------------------------------------------
+def put_pid_and_exit(q, code):
+    q.put(("hello", os.getpid()))
+    raise SystemExit(code)
+
+
+def sleep_forever():
+    time.sleep(600)
+
+
+def echo_over_pipe(conn):
+    while True:
+        message = conn.recv()
+        if message is None:
+            break
+        conn.send(message * 2)
+    conn.close()
+
+
+def square(x):
+    return x * x
+
+
+def slow_square(x):
+    time.sleep(0.05)
+    return x * x
+
+
+def raise_value_error(x):
+    raise ValueError(f"bad input {x}")
+
+
+class Counter:
+    def __init__(self, start):
+        self.value = start
+
+    def add(self, n):
+        self.value += n
+        return self.value
+
+    def fail(self):
+        raise KeyError("no such thing")
+
+
+class CounterManager(AsyncManager):
+    pass
+
+
+CounterManager.register("Counter", Counter)
+
+
+def gloo_init(node):
+    node.init_process_group(timeout=60)
+
+
+def all_reduce_rank(rank, size):
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def raise_on_rank_one(rank, size):
+    if rank == 1:
+        raise RuntimeError("rank one refuses")
+    time.sleep(30)
+
+
+# --- the suite ----------------------------------------------------------------
+def test_process_exit_codes_and_queue(cluster):
+    q = mp.Queue()
+    p = mp.Process(target=put_pid_and_exit, args=(q, 3))
+    p.start()
+    message, _ = q.get(timeout=120)
+    assert message == "hello"
+    p.join(60)
+    assert p.exitcode == 3 and not p.is_alive()
+
+
+def test_terminate_and_kill(cluster):
+    p = mp.Process(target=sleep_forever)
+    p.start()
+    q = mp.Process(target=sleep_forever)
+    q.start()
+    p.terminate()
+    q.kill()
+    p.join(60)
+    q.join(60)
+    assert p.exitcode is not None and p.exitcode != 0
+    assert q.exitcode is not None and q.exitcode != 0
+
+
+def test_pipe_round_trip(cluster):
+    parent_end, child_end = mp.Pipe()
+    p = mp.Process(target=echo_over_pipe, args=(child_end,))
+    p.start()
+    for message in (1, "ab", [3]):
+        parent_end.send(message)
+        assert parent_end.poll(120)
+        assert parent_end.recv() == message * 2
+    parent_end.send(None)
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_pool_map_and_remote_exception(cluster):
+    with mp.Pool(2) as pool:
+        assert pool.map(square, range(50)) == [x * x for x in range(50)]
+        with pytest.raises(ValueError, match="bad input 7") as info:
+            pool.apply(raise_value_error, (7,))
+        assert isinstance(info.value.__cause__, RemoteTraceback)
+
+
+def test_pool_loses_nothing_when_a_worker_job_is_killed(cluster):
+    with mp.Pool(2) as pool:
+        result = pool.map_async(slow_square, range(120), chunksize=1)
+        assert wait_until(lambda: pool.statistics().tasks_done >= 10, 120)
+        victim = next(p for p in mp.active_children() if p.name.startswith("PoolWorker"))
+        cluster.kill_job(victim)
+        assert result.get(240) == [x * x for x in range(120)]
+        stats = pool.statistics()
+        assert stats.worker_restarts >= 1
+        assert stats.tasks_done == 120
+
+
+def test_async_manager_calls_and_a_killed_server(cluster):
+    manager = CounterManager()
+    manager.start()
+    try:
+        counter = manager.Counter(10)
+        first, second = counter.add(1), counter.add(2)
+        assert second.get(60) == 13 and first.get(60) == 11
+        with pytest.raises(KeyError, match="no such thing"):
+            counter.fail().get(60)
+        cluster.kill_job(manager._process)
+        with pytest.raises(ManagerError):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                counter.add(1).get(60)
+                time.sleep(0.2)
+    finally:
+        manager.shutdown()
+
+
+def test_ring_all_reduce_and_a_failing_member(cluster):
+    assert Ring(2, all_reduce_rank, gloo_init).run() == [3.0, 3.0]
+    with pytest.raises(RingError, match="rank 1"):
+        Ring(2, raise_on_rank_one).run()
