@@ -8,6 +8,7 @@ that cannot run here is skipped with the reason; after a backend's tests,
 none of its jobs may be left.
 """
 import importlib
+import json
 import os
 import signal
 import time
@@ -16,11 +17,14 @@ import pytest
 
 import fiberrl.runtime as mp
 from conftest import wait_until
+from fiberrl.app import run
+from fiberrl.config import compose
 from fiberrl.runtime.managers import AsyncManager, ManagerError
 from fiberrl.runtime.pool.results import RemoteTraceback
 from fiberrl.runtime.ring import Ring, RingError
 
 BACKENDS = ["local", "docker", "kubernetes", "slurm"]
+ES_METRICS = {}  # backend -> what a short ES run logged; every backend must log the same
 
 
 class LocalHelper:
@@ -207,3 +211,14 @@ def test_ring_all_reduce_and_a_failing_member(cluster):
     assert Ring(2, all_reduce_rank, gloo_init).run() == [3.0, 3.0]
     with pytest.raises(RingError, match="rank 1"):
         Ring(2, raise_on_rank_one).run()
+
+
+def test_es_trains_with_only_the_backend_changed(cluster, tmp_path):
+    cfg = compose(["env=cartpole", "workers=2", "algo.population=8", "algo.iterations=2", "algo.eval_episodes=1",
+                   "algo.noise_size=1000000", "tensorboard=false"])
+    summary = run(cfg, tmp_path / "es")
+    assert summary["iterations"] == 2
+    keys = ("iteration", "timesteps", "reward_mean", "reward_max", "eval_reward", "grad_norm", "theta_norm")
+    metrics = [{k: line[k] for k in keys} for line in map(json.loads, (tmp_path / "es" / "metrics.jsonl").open())]
+    ES_METRICS[mp.get_config().backend] = metrics
+    assert metrics == ES_METRICS.get("local", metrics)

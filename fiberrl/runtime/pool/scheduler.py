@@ -380,10 +380,14 @@ class Scheduler:
                 self._counts["restarts"] += 1
                 if not worker.asked:
                     self._startup_deaths += 1
-                    if self._startup_deaths >= MAX_STARTUP_DEATHS:
-                        error = worker.process.job_error
-                        self._broken = (f"pool workers cannot start: {error}" if error else
-                                        f"pool workers keep dying before taking any task (last exit code "
+                    error = worker.process.job_error
+                    connected = any(w.stream_id is not None for w in self._workers.values())
+                    if error and not connected:
+                        # the cluster will not run the job (no such image, never scheduled) and no worker
+                        # runs: waiting for a retry would only hang the caller as long again
+                        self._broken = f"pool workers cannot start: {error}"
+                    elif self._startup_deaths >= MAX_STARTUP_DEATHS:
+                        self._broken = (f"pool workers keep dying before taking any task (last exit code "
                                         f"{exitcode}); is the initializer failing? See the log above")
             replies = self._dispatch()
         if not expected:
