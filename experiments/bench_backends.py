@@ -107,7 +107,7 @@ def main():
             runtime_config.reset()
         rows[name] = (single, burst, ratios)
         print(f"{name:<11} start {single * 1000:7.0f} ms   {args.burst} at once {burst:6.2f} s   "
-              + "   ".join(f"{d * 1000:g} ms tasks {r:.3f}x ideal" for d, r in zip(durations, ratios)), flush=True)
+              + "   ".join(f"{d * 1000:g} ms tasks {r:.3f}x ideal" for d, r in zip(durations, ratios, strict=True)), flush=True)
 
     if "local" in rows:
         base = rows["local"]
@@ -116,7 +116,7 @@ def main():
             if name != "local":
                 print(f"{name:<11} start x{single / base[0]:.1f}   burst x{burst / base[1]:.1f}   "
                       + "   ".join(f"{d * 1000:g} ms overhead x{r / b:.2f}"
-                                   for d, r, b in zip(durations, ratios, base[2])))
+                                   for d, r, b in zip(durations, ratios, base[2], strict=True)))
 
 
 if __name__ == "__main__":

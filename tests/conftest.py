@@ -47,3 +47,10 @@ def script_env():
 
 
 PYTHON = sys.executable
+
+
+def clean_up_as_at_exit(backend_name: str) -> None:
+    """What this process does for a backend at exit (shared volumes, Secrets
+    and anything its jobs left), so that a leak check can run mid-session."""
+    from fiberrl.runtime.backends import OWNER, get_backend
+    get_backend(backend_name).cleanup(OWNER)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
-from conftest import wait_until
+from conftest import clean_up_as_at_exit, wait_until
 from fiberrl.app import run
 from fiberrl.config import compose
 from fiberrl.runtime.managers import AsyncManager, ManagerError
@@ -58,6 +58,8 @@ def cluster(request):
         yield helper
     finally:
         mp.config.reset()
+        assert not mp.active_children()
+        clean_up_as_at_exit(name)
         assert wait_until(lambda: not helper.leftovers(), 60, 0.5), \
             f"{name} jobs left after its tests: {helper.leftovers()}"
 

@@ -83,7 +83,7 @@ class Backend(abc.ABC):
     def listen_host(self) -> str:
         """The address this process should listen on so its jobs can reach it."""
 
-    def cleanup(self, owner: str) -> None:
+    def cleanup(self, owner: str) -> None:  # noqa: B027 - most backends' jobs end with their owner
         """Remove every job ``owner`` started that is still there: run at exit,
         and by the reaper when the owner died without exiting."""
 

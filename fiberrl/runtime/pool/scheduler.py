@@ -472,7 +472,8 @@ class Scheduler:
             self._wake.notify_all()
         self._manager.join(30)  # no worker is being started after this
         with self._lock:
-            workers = [w for w in self._workers.values() if w.process.pid is not None]
+            # started ones (a container or a Slurm job has no pid)
+            workers = [w for w in self._workers.values() if w.process._job is not None]
         for worker in workers:
             worker.process.kill()
         for worker in workers:
