@@ -106,8 +106,8 @@ def main():
         finally:
             runtime_config.reset()
         rows[name] = (single, burst, ratios)
-        print(f"{name:<11} start {single * 1000:7.0f} ms   {args.burst} at once {burst:6.2f} s   "
-              + "   ".join(f"{d * 1000:g} ms tasks {r:.3f}x ideal" for d, r in zip(durations, ratios, strict=True)), flush=True)
+        tasks = "   ".join(f"{d * 1000:g} ms tasks {r:.3f}x ideal" for d, r in zip(durations, ratios, strict=True))
+        print(f"{name:<11} start {single * 1000:7.0f} ms   {args.burst} at once {burst:6.2f} s   {tasks}", flush=True)
 
     if "local" in rows:
         base = rows["local"]
