@@ -101,11 +101,14 @@ def do_submit(args) -> int:
     config = get_config()
     if args.image:
         config = dataclasses.replace(config, image=args.image)
+    # mounted for the master and, through its settings, for every job it starts: the code
+    # a worker re-imports and the outputs it writes are where the master's are
+    config = dataclasses.replace(config, volumes=",".join(filter(None, [config.volumes,
+                                                                      *parse_mounts(args.volume)])))
     env = {**forwarded_settings(config), f"{ENV_PREFIX}BACKEND": args.backend,
            auth.SECRET_ENV: secret.hex(), "PYTHONUNBUFFERED": "1", **parse_env(args.env)}
     spec = JobSpec(command=command, name=args.name or Path(command[0]).name, env=env, cpu=args.cpu, mem=args.mem,
-                   gpu=args.gpu, image=args.image or config.image or None, volumes=parse_mounts(args.volume),
-                   cwd=os.getcwd(), run=run, owner="")
+                   gpu=args.gpu, image=args.image or config.image or None, cwd=os.getcwd(), run=run, owner="")
     backend = cluster_backend(args.backend, config)
     try:
         job_id = backend.submit(spec)
@@ -162,14 +165,16 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def parse_mounts(volumes: list[str]) -> dict[str, str]:
-    mounts = {}
+def parse_mounts(volumes: list[str]) -> list[str]:
+    """``-v`` arguments as ``volumes`` entries: a bare name mounts at DEFAULT_MOUNT."""
+    mounts = []
     for volume in volumes:
         source, _, rest = volume.partition(":")
         target = rest or DEFAULT_MOUNT
-        if not source or not target.split(":")[0].startswith("/"):
+        if not source or not target.split(":")[0].startswith("/") or target.count(":") > 1 \
+                or target.count(":") == 1 and not target.endswith((":ro", ":rw")):
             raise UsageError(f"-v {volume!r}: expected SRC, SRC:DST or SRC:DST:ro with DST an absolute path")
-        mounts[source] = target
+        mounts.append(f"{source}:{target}")
     return mounts
 
 

@@ -21,7 +21,8 @@ FILE_ENV = "FIBERRL_CONFIG_FILE"
 DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
 RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
-                "FIBERRL_RESOLVED_CONFIG", FILE_ENV}
+                "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME", "FIBERRL_POD_NAMESPACE",
+                "FIBERRL_POD_IP", FILE_ENV}
 
 
 class ConfigError(ValueError):
