@@ -49,9 +49,17 @@ def test_submit_follow_status_logs_cancel(backend, tmp_path):
     result = fiberrl(["submit", "--backend", backend, "--name", "master", "-e", f"PYTHONPATH={ROOT}",
                       "-v", f"{tmp_path}:{tmp_path}:ro", "--", sys.executable, str(script)], tmp_path, env)
     # the master's exit code is submit's, and its output was followed
+    job_id = result.stderr.split("submitted ", 1)[1].split()[0] if "submitted " in result.stderr else None
+    try:
+        check_the_submitted_run(backend, result, job_id, tmp_path)
+    finally:
+        if job_id:  # a failed check leaves no master behind
+            fiberrl(["cancel", job_id], tmp_path)
+
+
+def check_the_submitted_run(backend, result, job_id, tmp_path):
     assert result.returncode == 3, result.stderr
     assert "squares [0, 1, 4, 9, 16, 25]" in result.stdout and f"backend {backend}" in result.stdout
-    job_id = result.stderr.split("submitted ", 1)[1].split()[0]
 
     listed = fiberrl(["list"], tmp_path)
     assert listed.returncode == 0 and listed.stdout.startswith(job_id + "\t" + backend)
