@@ -4,6 +4,7 @@ above it changes."""
 from __future__ import annotations
 
 import abc
+import codecs
 import enum
 import os
 from dataclasses import dataclass, field
@@ -120,6 +121,17 @@ def remote_env(env: dict[str, str], forward: str = "") -> dict[str, str]:
     Python ones, and the comma-separated names in ``forward``."""
     names = set(FORWARDED_NAMES) | {n.strip() for n in forward.split(",") if n.strip()}
     return {k: v for k, v in env.items() if k in names or k.startswith(FORWARDED_PREFIXES)}
+
+
+def decode_text(chunks):
+    """Byte chunks of a job's output as text chunks; a character split across
+    two chunks is decoded whole, bytes that are not UTF-8 are replaced."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    for chunk in chunks:
+        if text := decoder.decode(chunk):
+            yield text
+    if tail := decoder.decode(b"", final=True):
+        yield tail
 
 
 def parse_volumes(text: str) -> list[tuple[str, str, bool]]:

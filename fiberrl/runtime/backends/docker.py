@@ -28,7 +28,6 @@ environment.
 """
 from __future__ import annotations
 
-import codecs
 import ipaddress
 import logging
 import os
@@ -41,7 +40,8 @@ import time
 import uuid
 from urllib.parse import urlparse
 
-from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, parse_volumes, remote_env, working_directory
+from .base import (NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, decode_text, parse_volumes, remote_env,
+                   working_directory)
 
 log = logging.getLogger("fiberrl")
 
@@ -708,14 +708,7 @@ class DockerBackend(Backend):
         except docker.errors.NotFound:
             raise DockerError(f"no container {job_id} on the Docker daemon at {docker_host()} "
                               f"(cancelled, or removed by hand)") from None
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        for chunk in stream:
-            text = decoder.decode(chunk)
-            if text:
-                yield text
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            yield tail
+        yield from decode_text(stream)
 
     def cancel(self, job_id: str) -> None:
         import docker

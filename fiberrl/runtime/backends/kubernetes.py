@@ -17,7 +17,6 @@ resource versions, a re-list after ``410 Gone``) into a cache, so
 from __future__ import annotations
 
 import base64
-import codecs
 import json
 import logging
 import os
@@ -32,7 +31,8 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, parse_volumes, remote_env, working_directory
+from .base import (NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, decode_text, parse_volumes, remote_env,
+                   working_directory)
 
 log = logging.getLogger("fiberrl")
 
@@ -870,18 +870,9 @@ class KubernetesBackend(Backend):
                     if state.waiting and state.waiting.split(":")[0] in UNRECOVERABLE:
                         raise RuntimeError(f"pod {job_id} cannot start: {state.waiting}") from None
                     time.sleep(1.0)
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
             try:
-                if not follow:
-                    yield decoder.decode(response.data, final=True)
-                    return
-                for data in response.stream(amt=None, decode_content=True):
-                    text = decoder.decode(data)
-                    if text:
-                        yield text
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
+                chunks = response.stream(amt=None, decode_content=True) if follow else [response.data]
+                yield from decode_text(chunks)
             finally:
                 _close(response)
 

@@ -26,7 +26,6 @@ finds a process's jobs by it).
 """
 from __future__ import annotations
 
-import codecs
 import ipaddress
 import logging
 import math
@@ -41,7 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, remote_env, working_directory
+from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus, decode_text, remote_env, working_directory
 
 log = logging.getLogger("fiberrl")
 
@@ -794,8 +793,9 @@ class SlurmBackend(Backend):
         return {"id": job_id, "state": "unknown", "exit_code": None, "where": None}
 
     def logs(self, job_id: str, follow: bool = False):
-        path = os.path.join(self.slurm_dir(), f"{job_id}.log")
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return decode_text(self._log_bytes(os.path.join(self.slurm_dir(), f"{job_id}.log"), job_id, follow))
+
+    def _log_bytes(self, path: str, job_id: str, follow: bool):
         position = 0
         while True:
             # the state first: all the output is in the file once the job has ended
@@ -805,13 +805,10 @@ class SlurmBackend(Backend):
                     fh.seek(position)
                     while data := fh.read(65536):
                         position += len(data)
-                        if text := decoder.decode(data):
-                            yield text
+                        yield data
             except FileNotFoundError:
                 pass
             if not follow or ended:
-                if tail := decoder.decode(b"", final=True):
-                    yield tail
                 return
             time.sleep(0.5)
 
