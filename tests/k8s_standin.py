@@ -247,10 +247,11 @@ users:
                     return fault
         return None
 
-    def received(self, method: str | None = None, path: str | None = None) -> list[dict]:
-        """Recorded requests, optionally of one method and a path matching a regex."""
+    def received(self, method: str | None = None, path: str | None = None, since: int = 0) -> list[dict]:
+        """Recorded requests, optionally of one method and a path matching a
+        regex, from number ``since`` on (``len(received())`` marks a moment)."""
         with self.lock:
-            found = list(self.requests)
+            found = self.requests[since:]
         return [r for r in found if (method is None or r["method"] == method)
                 and (path is None or re.fullmatch(path, r["path"]))]
 

@@ -255,10 +255,9 @@ def test_the_reaper_removes_a_killed_owners_containers(docker_config, api, scrip
         import os, sys, time
         import fiberrl.runtime as mp
         from fiberrl.runtime import auth
-        from fiberrl.runtime.backends import OWNER, JobSpec, get_backend
+        from fiberrl.runtime.backends import OWNER, JobSpec, start_job
         mp.configure(**{docker_backend.settings()!r})
-        get_backend().create_job(JobSpec(command={SLEEPER!r}, name="orphan", cwd=os.getcwd(),
-                                         run=auth.run_id(), owner=OWNER))
+        start_job(JobSpec(command={SLEEPER!r}, name="orphan", cwd=os.getcwd(), run=auth.run_id(), owner=OWNER))
         print(OWNER, flush=True)
         time.sleep(600)
     """)

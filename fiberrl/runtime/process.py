@@ -21,7 +21,7 @@ import uuid
 import cloudpickle
 
 from . import auth
-from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name
+from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
 from .config import get_config, serialize
 from .hub import get_hub
 from .meta import resources_of
@@ -175,7 +175,7 @@ class Process(BaseProcess):
                        run=auth.run_id(), owner=OWNER, **resources)
         self._backend_name = resolve_name(get_config().backend)
         try:
-            self._job = self._backend().create_job(spec)
+            self._job = start_job(spec, self._backend_name)
         except BaseException:
             hub.withdraw_launch(process_id)
             raise

@@ -21,6 +21,7 @@ BACKENDS = {
 OWNER = uuid.uuid4().hex[:12]
 
 _instances: dict[str, Backend] = {}
+_watched: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -47,10 +48,21 @@ def get_backend(name: str | None = None) -> Backend:
     name = resolve_name(name)
     with _lock:
         if name not in _instances:
-            backend = make_backend(name)
-            _instances[name] = backend
-            _watch_owner(name, backend)
+            _instances[name] = make_backend(name)
         return _instances[name]
+
+
+def start_job(spec: JobSpec, name: str | None = None) -> Job:
+    """Start ``spec`` on the backend called ``name`` (or the configured one).
+    A process that starts its first job on a backend has that backend clean
+    up after it: only such processes pay for it (a manager server or a ring
+    member that starts nothing runs no reaper)."""
+    backend = get_backend(name)
+    with _lock:
+        if backend.name not in _watched:
+            _watched.add(backend.name)
+            _watch_owner(backend.name, backend)
+    return backend.create_job(spec)
 
 
 def listen_host() -> str:
@@ -81,4 +93,4 @@ def _stop_reaper(reaper: subprocess.Popen) -> None:
 
 
 __all__ = ["BACKENDS", "NEVER_RAN_EXIT", "OWNER", "Backend", "Job", "JobSpec", "JobStatus", "get_backend",
-           "listen_host", "make_backend", "resolve_name"]
+           "listen_host", "make_backend", "resolve_name", "start_job"]

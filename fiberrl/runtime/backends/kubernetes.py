@@ -203,6 +203,7 @@ class _Connection:
         self._pod: dict | None = None
         self._pod_read = False
         self._lock = threading.Lock()
+        self.route_source: str | None = None  # the local address the route to the API server leaves from
 
     @staticmethod
     def _service_account_namespace() -> str | None:
@@ -463,8 +464,12 @@ class KubernetesBackend(Backend):
             address = (pod or {}).get("status", {}).get("podIP")
             if address:
                 return address
-        url = urlparse(self._connect().host)
-        return route_source(url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80))
+        connection = self._connect()
+        if connection.route_source is None:  # a name lookup: once per connection
+            url = urlparse(connection.host)
+            connection.route_source = route_source(url.hostname or "127.0.0.1",
+                                                   url.port or (443 if url.scheme == "https" else 80))
+        return connection.route_source
 
     # --- pod specs -----------------------------------------------------------------
     def _image(self, spec: JobSpec, config) -> str:
@@ -786,6 +791,8 @@ class KubernetesBackend(Backend):
                 return
         selector = f"{OWNER_LABEL}={owner}"
         for connection in connections:
+            # the Secrets go, so a later pod of this process must create its run's again
+            self._secrets = {key for key in self._secrets if key[0] != connection.namespace}
             try:
                 delete_matching(connection, "pod", selector)
                 delete_matching(connection, "secret", selector)
