@@ -83,6 +83,15 @@ def echo_over_pipe(conn):
     conn.close()
 
 
+def print_everywhere(tag):
+    import subprocess
+    import sys
+    print(f"{tag} from print", flush=True)
+    os.write(2, f"{tag} on fd 2\n".encode())
+    subprocess.run([sys.executable, "-c", f"print('{tag} from a subprocess')"], check=True)
+    print(f"{tag} unflushed at exit", end="")
+
+
 def square(x):
     return x * x
 
@@ -155,6 +164,18 @@ def test_terminate_and_kill(cluster):
     q.join(60)
     assert p.exitcode is not None and p.exitcode != 0
     assert q.exitcode is not None and q.exitcode != 0
+
+
+def test_what_a_job_prints_reaches_the_parents_terminal(cluster, capfd):
+    p = mp.Process(target=print_everywhere, args=(f"job-{cluster.__name__}",))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    out, err = capfd.readouterr()
+    tag = f"job-{cluster.__name__}"
+    assert f"{tag} from print\n" in out and f"{tag} from a subprocess\n" in out and f"{tag} unflushed at exit" in out
+    assert f"{tag} on fd 2\n" in err
+    assert out.count(f"{tag} from print") == 1, "printed twice"
 
 
 def test_pipe_round_trip(cluster):

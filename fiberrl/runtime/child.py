@@ -13,8 +13,9 @@ import cloudpickle
 from . import process as process_module
 from .config import get_config
 from .connection import close_active_connections
-from .hub import LAUNCH, REPORT, shutdown_hub
+from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
+from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .transport import OK, Client, PeerGone
 
 
@@ -55,6 +56,7 @@ def main() -> None:
     if status != OK:
         _fail("the parent has no task for this process (already started, or withdrawn)")
     watch_parent(parent)
+    forwarder = OutputForwarder(parent, OUTPUT) if os.environ.pop(FORWARD_OUTPUT_ENV, None) else None
 
     prep, body = pickle.loads(payload)
     try:
@@ -79,6 +81,8 @@ def main() -> None:
         process_module.stop_children(5.0)
         sys.stdout.flush()
         sys.stderr.flush()
+        if forwarder is not None:
+            forwarder.stop()
         shutdown_hub()
     # the parent connection closes with the process: closing it first would
     # look to the lifeline like the parent dying

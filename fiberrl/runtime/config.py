@@ -22,7 +22,7 @@ DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
 RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
                 "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME", "FIBERRL_POD_NAMESPACE",
-                "FIBERRL_POD_IP", FILE_ENV}
+                "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", FILE_ENV}
 
 
 class ConfigError(ValueError):

@@ -17,12 +17,13 @@ import time
 
 from .backends import listen_host
 from .config import get_config
+from .output import write_forwarded
 from .transport import MISSING, OK, Client, PeerGone, Request, Server
 
 log = logging.getLogger("fiberrl")
 
 # hub ops (1 and 2 belong to the transport's handshake)
-PING, LAUNCH, REPORT = 3, 4, 5
+PING, LAUNCH, REPORT, OUTPUT = 3, 4, 5, 6
 Q_PUT, Q_GET, Q_SIZE, Q_CLOSE = 10, 11, 12, 13
 
 
@@ -122,6 +123,9 @@ class Hub:
             request.reply(MISSING) if payload is None else request.reply(OK, payload)
         elif op == REPORT:
             log.error("%s", bytes(request.body).decode(errors="replace"))
+            request.reply(OK)
+        elif op == OUTPUT:
+            write_forwarded(request.body)
             request.reply(OK)
         else:
             obj = self._objects.get(request.obj_id)

@@ -25,6 +25,7 @@ from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, star
 from .config import get_config, serialize
 from .hub import get_hub
 from .meta import resources_of
+from .output import FORWARD_OUTPUT_ENV
 
 CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
 PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
@@ -171,9 +172,12 @@ class Process(BaseProcess):
         })
         resources = self._resources or (resources_of(self._target) if self._target is not None
                                         else resources_of(type(self).run))
+        self._backend_name = resolve_name(get_config().backend)
+        env.pop(FORWARD_OUTPUT_ENV, None)
+        if not self._backend().shares_terminal:
+            env[FORWARD_OUTPUT_ENV] = "1"
         spec = JobSpec(command=list(CHILD_COMMAND), name=self._name, env=env, cwd=os.getcwd(),
                        run=auth.run_id(), owner=OWNER, **resources)
-        self._backend_name = resolve_name(get_config().backend)
         try:
             self._job = start_job(spec, self._backend_name)
         except BaseException:

@@ -62,6 +62,8 @@ class Job:
 
 class Backend(abc.ABC):
     name: str
+    # whether a job writes to this process's terminal; if not, the job forwards its output here
+    shares_terminal = False
 
     @abc.abstractmethod
     def create_job(self, spec: JobSpec) -> Job:

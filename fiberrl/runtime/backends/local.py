@@ -28,6 +28,7 @@ def visible_gpus() -> list[str]:
 
 class LocalBackend(Backend):
     name = "local"
+    shares_terminal = True
 
     def __init__(self):
         self._gpus: list[str] | None = None
