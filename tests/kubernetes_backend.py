@@ -1,5 +1,5 @@
 """The kubernetes backend under test, for the shared backend tests: one
-stand-in API server per test session (tests/k8s_standin.py), since no
+stand-in API server per test session (tests/k8s_standin/), since no
 cluster can run here.  It runs each pod's command as a local process."""
 from __future__ import annotations
 

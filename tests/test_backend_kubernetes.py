@@ -1,7 +1,7 @@
 """The kubernetes backend, against a stand-in API server.
 
 No Kubernetes cluster can run here, so the API server is a stand-in
-(tests/k8s_standin.py): it speaks the REST API the official client uses for
+(tests/k8s_standin/): it speaks the REST API the official client uses for
 pods, logs and secrets, and runs each pod's command as a local process.
 These tests check what the backend asked of it (the exact pod specs) and
 what the runtime makes of the answers.
