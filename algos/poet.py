@@ -1,0 +1,505 @@
+"""POET after Wang et al. 2019, "Paired Open-Ended Trailblazer (POET):
+Endlessly Generating Increasingly Complex and Diverse Learning Environments
+and Their Solutions".
+
+A population of pairs, each an environment (a Bipedal Walker terrain,
+``fiberrl.walker_terrain``) and an agent (a policy's parameters with its own
+ES optimiser).  Every iteration every active pair takes one ES step on its
+own terrain; all pairs' perturbations go to one shared Pool in one map, so
+no worker waits for a slow pair.  Every ``reproduce_every`` iterations the
+pairs whose agent scores at least ``reproduce_threshold`` have mutated
+children terrains; a child is kept when its parent's agent scores inside
+[``mc_low``, ``mc_high``] on it (the minimal criterion: neither too easy nor
+too hard), the kept ones ranked by novelty (mean distance of their encoding
+to the ``novelty_k`` nearest in the archive of every terrain ever admitted)
+and at most ``max_admitted`` join, the oldest pairs leaving past
+``max_active``.  Every ``transfer_every`` iterations each terrain tries every
+other pair's agent, as it is and after one ES step on the terrain, and the
+best replaces the incumbent if it scores higher.
+
+ANNECS (accumulated number of novel environments created and solved) counts
+the admitted terrains that some agent has solved (scored at least
+``solved_threshold`` on).  Randomness is drawn by the master from seeded
+generators and results come back in task order, so the same seed gives the
+same run with any number of workers and after a resume.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+import fiberrl.runtime as mp
+from algos.es import ES, ParamServer
+from fiberrl.noise import NoiseTable
+from fiberrl.policies import make_policy, run_episode
+from fiberrl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
+
+
+@dataclass
+class Config:
+    """The hyperparameters of POET; also the Hydra schema of ``algo=poet``."""
+    name: str = "poet"
+    iterations: int = 2000             # POET iterations (one ES step per active pair each)
+    # ES, per pair (names as in algo=es, whose optimiser each pair uses)
+    population: int = 256              # perturbations per pair per step, each evaluated at +eps and -eps
+    sigma: float = 0.1
+    learning_rate: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 0.01
+    obstat_prob: float = 0.0           # share of perturbations feeding observation normalisation (POET: none)
+    obs_clip: float = 10.0
+    policy: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [40, 40])
+    noise_size: int = 25_000_000       # float32 numbers in the shared noise table (100 MB)
+    episode_steps: int | None = None   # cap on an episode's steps (None: the terrain env's 2000)
+    eval_episodes: int = 1             # episodes that score an agent on a terrain
+    # the open-ended loop
+    reproduce_every: int = 150         # iterations between reproductions
+    reproduce_threshold: float = 200.0  # a pair may reproduce once its agent scores this on its terrain
+    children: int = 16                 # mutated terrains proposed per reproduction
+    mc_low: float = 50.0               # minimal criterion: the parent's score on a child must be in [low, high]
+    mc_high: float = 300.0
+    max_admitted: int = 2              # children admitted per reproduction at most
+    max_active: int = 20               # active pairs at most; the oldest leave first
+    novelty_k: int = 5                 # nearest archived terrains a novelty is the mean distance to
+    transfer_every: int = 25           # iterations between transfer attempts
+    proposal_transfer: bool = True     # also try each agent after one ES step on the target terrain
+    solved_threshold: float = 230.0    # a terrain is solved once an agent scores this on it
+    # mutation steps and upper bounds of the terrain encoding
+    roughness_step: float = 0.6
+    roughness_max: float = 10.0
+    pit_gap_step: float = 0.4
+    pit_gap_max: float = 10.0
+    stump_height_step: float = 0.2
+    stump_height_max: float = 5.0
+    stair_height_step: float = 0.2
+    stair_height_max: float = 5.0
+    stair_steps_max: int = 10
+    checkpoint_every: int = 10
+    chunksize: int | None = None       # tasks per pool message (None: the pool's default)
+
+
+# --- terrains: mutation, minimal criterion, novelty (no workers) -----------------
+
+ENCODING_FIELDS = [f.name for f in fields(TerrainEncoding)]
+
+
+def encoding_scale(cfg) -> np.ndarray:
+    """Each encoding field's upper bound: novelty distances are taken in these units."""
+    bounds = dict(roughness=cfg.roughness_max, pit_gap_low=cfg.pit_gap_max, pit_gap_high=cfg.pit_gap_max,
+                  stump_height_low=cfg.stump_height_max, stump_height_high=cfg.stump_height_max,
+                  stair_height=cfg.stair_height_max, stair_width=8, stair_steps=cfg.stair_steps_max)
+    return np.array([bounds[name] for name in ENCODING_FIELDS], dtype=np.float64)
+
+
+def mutate(parent: TerrainEncoding, rng: np.random.Generator, cfg, tries: int = 100) -> TerrainEncoding:
+    """A child terrain that differs from ``parent``: each obstacle kind changes with probability 1/2."""
+    def step_range(low, high, step, top):
+        low, high = (round(float(np.clip(v + step * rng.choice([-1, 1]), 0, top)), 6) for v in (low, high))
+        return min(low, high), max(low, high)
+
+    for _ in range(tries):  # a step can clip back to where it was, at a bound
+        changed = rng.random(4) < 0.5
+        child = parent.to_dict()
+        if changed[0]:
+            child["roughness"] = round(float(np.clip(
+                parent.roughness + rng.uniform(-cfg.roughness_step, cfg.roughness_step), 0, cfg.roughness_max)), 6)
+        if changed[1]:
+            child["pit_gap_low"], child["pit_gap_high"] = step_range(parent.pit_gap_low, parent.pit_gap_high,
+                                                                     cfg.pit_gap_step, cfg.pit_gap_max)
+        if changed[2]:
+            child["stump_height_low"], child["stump_height_high"] = step_range(
+                parent.stump_height_low, parent.stump_height_high, cfg.stump_height_step, cfg.stump_height_max)
+        if changed[3]:
+            child["stair_height"] = round(float(np.clip(
+                parent.stair_height + cfg.stair_height_step * rng.choice([-1, 1]), 0, cfg.stair_height_max)), 6)
+            child["stair_steps"] = int(np.clip(parent.stair_steps + rng.choice([-1, 0, 1]), 0, cfg.stair_steps_max))
+        mutated = TerrainEncoding.from_dict(child)
+        if mutated != parent:
+            return mutated
+    return mutated
+
+
+def meets_minimal_criterion(score: float, cfg) -> bool:
+    return cfg.mc_low <= score <= cfg.mc_high
+
+
+def novelty(encoding: TerrainEncoding, archive: list[TerrainEncoding], k: int, scale: np.ndarray) -> float:
+    """Mean distance to the ``k`` nearest archived encodings (infinite for an empty archive)."""
+    if not archive:
+        return float("inf")
+    here = encoding.vector() / scale
+    distances = np.sort([np.linalg.norm(here - other.vector() / scale) for other in archive])
+    return float(distances[:k].mean())
+
+
+def rank_by_novelty(candidates: list[TerrainEncoding], archive: list[TerrainEncoding], k: int,
+                    scale: np.ndarray) -> list[int]:
+    """Indices of ``candidates``, most novel first (ties: the earlier first)."""
+    scores = [novelty(c, archive, k, scale) for c in candidates]
+    return sorted(range(len(candidates)), key=lambda i: -scores[i])
+
+
+def best_transfer(incumbent_score: float, candidate_scores: dict) -> object | None:
+    """The candidate that beats the incumbent by scoring highest, or None."""
+    if not candidate_scores:
+        return None
+    best = max(candidate_scores, key=lambda key: (candidate_scores[key], -list(candidate_scores).index(key)))
+    return best if candidate_scores[best] > incumbent_score else None
+
+
+def difficulty(encoding: TerrainEncoding, scale: np.ndarray) -> float:
+    """How hard a terrain looks, for reports: its encoding's share of the bounds, summed."""
+    return float(np.sum(encoding.vector() / scale))
+
+
+# --- pairs ---------------------------------------------------------------------
+
+@dataclass
+class Pair:
+    id: int
+    encoding: TerrainEncoding
+    es: ES
+    created: int                       # the iteration it was admitted in
+    parent: int | None
+    score: float = float("-inf")       # its agent on its terrain, at the last evaluation
+
+
+@dataclass
+class ArchivedTerrain:
+    id: int
+    encoding: TerrainEncoding
+    created: int
+    solved_at: int | None = None       # the iteration some agent first solved it
+
+
+# --- the workers' side ---------------------------------------------------------
+
+@dataclass
+class EvaluatorSpec:
+    """What a worker needs; small, sent once per worker."""
+    episode_steps: int | None
+    policy: str
+    hidden: list
+    noise_seed: int
+    noise_size: int
+    sigma: float
+    obs_clip: float
+
+
+class Evaluator:
+    """One per worker: a policy, this host's noise table and the published agents."""
+
+    def __init__(self, spec: EvaluatorSpec, store):
+        self.spec, self.store = spec, store
+        env = make_terrain_env(None)
+        self.policy = make_policy(spec.policy, env.observation_space, env.action_space, spec.hidden)
+        env.close()
+        self.noise = NoiseTable(spec.noise_seed, spec.noise_size)
+        self.version, self.agents = -1, {}
+
+    def __call__(self, task):
+        began = time.perf_counter()
+        version, agent, encoding, kind, noise_index, seed, record = task
+        if version != self.version:
+            self.agents, self.version = self.store.fetch(version), version
+        theta, obs_mean, obs_std = self.agents[agent]
+        env = make_terrain_env(encoding, self.spec.episode_steps)  # fresh: a Box2D world keeps state
+        try:
+            args = (env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed)
+            if kind == "eval":
+                self.policy.set_params(theta)
+                reward, steps, _ = run_episode(*args)
+                return reward, steps, time.perf_counter() - began
+            eps = self.spec.sigma * self.noise.get(noise_index, theta.size)
+            self.policy.set_params(theta + eps)
+            r_pos, n_pos, sums = run_episode(*args, record)
+            self.policy.set_params(theta - eps)
+            r_neg, n_neg, _ = run_episode(*args)
+            return r_pos, r_neg, n_pos + n_neg, sums, time.perf_counter() - began
+        finally:
+            env.close()
+
+
+_evaluator: Evaluator | None = None
+
+
+def init_worker(spec: EvaluatorSpec, store) -> None:
+    global _evaluator
+    _evaluator = Evaluator(spec, store)
+
+
+def evaluate(task):
+    return _evaluator(task)
+
+
+# --- the master's side ------------------------------------------------------------
+
+class Master:
+    """Publishes agents, runs batches of tasks through the pool, keeps the books."""
+
+    def __init__(self, pool, store, cfg, rng: np.random.Generator):
+        self.pool, self.store, self.cfg, self.rng = pool, store, cfg, rng
+        self.version = 0
+        self.timesteps, self.busy_s, self.pool_s = 0, 0.0, 0.0
+
+    def publish(self, agents: dict) -> int:
+        """Make ``agents`` (key -> ES) readable by the workers; returns their version."""
+        self.version += 1
+        self.store.publish(self.version, {key: (es.theta.copy(), es.obs_stat.mean, es.obs_stat.std)
+                                          for key, es in agents.items()})
+        return self.version
+
+    def run(self, tasks: list) -> list:
+        began = time.perf_counter()
+        results = self.pool.map(evaluate, tasks, chunksize=self.cfg.chunksize) if tasks else []
+        self.pool_s += time.perf_counter() - began
+        self.busy_s += sum(r[-1] for r in results)
+        return results
+
+    def es_steps(self, jobs: list[tuple[object, ES, TerrainEncoding]]) -> tuple[list[np.ndarray], list[float]]:
+        """One ES step of each (key, optimiser, terrain), all in one map together with the
+        evaluation of each agent before its step: (the perturbations' returns, the scores)."""
+        version = self.publish({key: es for key, es, _ in jobs})
+        asked = [es.ask() for _, es, _ in jobs]
+        tasks = [(version, key, encoding.to_dict(), "pair", int(i), int(s), bool(r))
+                 for (key, _, encoding), a in zip(jobs, asked, strict=True)
+                 for i, s, r in zip(a.noise_index, a.env_seed, a.record_obs, strict=True)]
+        evaluations = self._evaluation_tasks(version, jobs)
+        results = self.run(tasks + evaluations)
+        results, scores = results[:len(tasks)], self._scores(results[len(tasks):], len(jobs))
+        returns = []
+        for (_, es, _), a in zip(jobs, asked, strict=True):
+            mine, results = results[:a.noise_index.size], results[a.noise_index.size:]
+            self.timesteps += sum(r[2] for r in mine)
+            pos, neg = np.array([r[0] for r in mine]), np.array([r[1] for r in mine])
+            for r in mine:
+                if r[3] is not None:
+                    es.obs_stat.increment(*r[3])
+            es.tell(a, pos, neg)
+            returns.append(np.concatenate([pos, neg]))
+        return returns, scores
+
+    def scores(self, jobs: list[tuple[object, ES, TerrainEncoding]]) -> list[float]:
+        """Each (key, agent, terrain)'s mean return over ``eval_episodes``, all in one map."""
+        version = self.publish({key: es for key, es, _ in jobs})
+        return self._scores(self.run(self._evaluation_tasks(version, jobs)), len(jobs))
+
+    def _evaluation_tasks(self, version: int, jobs: list) -> list:
+        seeds = self.rng.integers(0, 2**31 - 1, size=(len(jobs), self.cfg.eval_episodes))
+        return [(version, key, encoding.to_dict(), "eval", 0, int(s), False)
+                for (key, _, encoding), row in zip(jobs, seeds, strict=True) for s in row]
+
+    def _scores(self, results: list, jobs: int) -> list[float]:
+        self.timesteps += sum(r[1] for r in results)
+        per_job = np.array([r[0] for r in results]).reshape(jobs, self.cfg.eval_episodes)
+        return [float(row.mean()) for row in per_job]
+
+
+def new_es(theta: np.ndarray, cfg, noise: NoiseTable, rng: np.random.Generator, obs_shape) -> ES:
+    return ES(theta, cfg, noise, seed=int(rng.integers(0, 2**63 - 1)), obs_shape=obs_shape)
+
+
+def fresh_optimiser(source: ES, cfg, noise: NoiseTable, rng: np.random.Generator) -> ES:
+    """A new optimiser for ``source``'s agent: its parameters and the observation
+    statistics they were trained with, a new Adam state."""
+    es = new_es(source.theta, cfg, noise, rng, source.obs_stat.sum.shape)
+    es.obs_stat.sum, es.obs_stat.sumsq = source.obs_stat.sum.copy(), source.obs_stat.sumsq.copy()
+    es.obs_stat.count = source.obs_stat.count
+    return es
+
+
+def reproduce(pairs, archive, iteration, master, cfg, noise, next_id) -> tuple[list, int, int]:
+    """Mutated children of the eligible pairs that pass the minimal criterion, most novel first.
+    Returns (admitted pairs, children that passed the criterion, the next free id)."""
+    eligible = [p for p in pairs if p.score >= cfg.reproduce_threshold]
+    if not eligible:
+        return [], 0, next_id
+    parents = [eligible[int(master.rng.integers(len(eligible)))] for _ in range(cfg.children)]
+    children = [mutate(p.encoding, master.rng, cfg) for p in parents]
+    scores = master.scores([(("pair", p.id), p.es, c) for p, c in zip(parents, children, strict=True)])
+    passed = [(p, c) for p, c, s in zip(parents, children, scores, strict=True) if meets_minimal_criterion(s, cfg)]
+    known = [t.encoding for t in archive]
+    passed = [(p, c) for p, c in passed if c not in known]
+    order = rank_by_novelty([c for _, c in passed], known, cfg.novelty_k, encoding_scale(cfg))
+    admitted = []
+    for index in order[:cfg.max_admitted]:
+        parent, child = passed[index]
+        es = fresh_optimiser(parent.es, cfg, noise, master.rng)
+        admitted.append(Pair(next_id, child, es, created=iteration, parent=parent.id))
+        archive.append(ArchivedTerrain(next_id, child, created=iteration))
+        next_id += 1
+    return admitted, len(passed), next_id
+
+
+def transfer(pairs, master, cfg, noise) -> int:
+    """Each terrain tries every other agent (as is, and after one ES step there); the best
+    replaces the incumbent if it scores higher.  Returns how many incumbents were replaced."""
+    others = [(target, source) for target in pairs for source in pairs if source is not target]
+    if not others:
+        return 0
+    direct = master.scores([(("pair", s.id), s.es, t.encoding) for t, s in others])
+    candidates = {(t.id, "direct", s.id): (score, s.es) for (t, s), score in zip(others, direct, strict=True)}
+    if cfg.proposal_transfer:
+        trials = [fresh_optimiser(s.es, cfg, noise, master.rng) for _, s in others]
+        jobs = [(("trial", i), es, t.encoding) for i, ((t, _), es) in enumerate(zip(others, trials, strict=True))]
+        master.es_steps(jobs)
+        proposed = master.scores(jobs)
+        for (t, s), es, score in zip(others, trials, proposed, strict=True):
+            candidates[(t.id, "proposal", s.id)] = (score, es)
+    replaced = 0
+    for target in pairs:
+        mine = {key: value[0] for key, value in candidates.items() if key[0] == target.id}
+        winner = best_transfer(target.score, mine)
+        if winner is not None:
+            target.es = fresh_optimiser(candidates[winner][1], cfg, noise, master.rng)
+            target.score = mine[winner]
+            replaced += 1
+    return replaced
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+def pack(pairs, archive, master, extra: dict) -> tuple[dict, dict]:
+    arrays, meta = {}, []
+    for p in pairs:
+        es_arrays, es_values = p.es.state()
+        arrays.update({f"pair{p.id}.{k}": v for k, v in es_arrays.items()})
+        meta.append(dict(id=p.id, encoding=p.encoding.to_dict(), created=p.created, parent=p.parent,
+                         score=p.score, es=es_values))
+    values = dict(extra, pairs=meta, rng=master.rng.bit_generator.state, version=master.version,
+                  timesteps=master.timesteps, busy_s=master.busy_s, pool_s=master.pool_s,
+                  archive=[dict(id=t.id, encoding=t.encoding.to_dict(), created=t.created, solved_at=t.solved_at)
+                           for t in archive])
+    return arrays, values
+
+
+def unpack(arrays, values, master, cfg, noise, obs_shape) -> tuple[list, list]:
+    pairs = []
+    for meta in values["pairs"]:
+        es = ES(arrays[f"pair{meta['id']}.theta"], cfg, noise, seed=0, obs_shape=obs_shape)
+        es.restore({k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"pair{meta['id']}.")},
+                   meta["es"])
+        pairs.append(Pair(meta["id"], TerrainEncoding.from_dict(meta["encoding"]), es, meta["created"],
+                          meta["parent"], meta["score"]))
+    archive = [ArchivedTerrain(t["id"], TerrainEncoding.from_dict(t["encoding"]), t["created"], t["solved_at"])
+               for t in values["archive"]]
+    master.rng.bit_generator.state = values["rng"]
+    master.version, master.timesteps = values["version"], values["timesteps"]
+    master.busy_s, master.pool_s = values["busy_s"], values["pool_s"]
+    return pairs, archive
+
+
+# --- the training loop -----------------------------------------------------------------
+
+def check_config(cfg) -> None:
+    from fiberrl.app import UsageError
+    algo = cfg.algo
+    if cfg.env.id.split(":")[-1] != ENV_ID:
+        raise UsageError(f"algo=poet evolves Bipedal Walker terrains: use env=terrain_walker, not env={cfg.env.name}")
+    if algo.mc_low > algo.mc_high:
+        raise UsageError(f"algo.mc_low={algo.mc_low} is above algo.mc_high={algo.mc_high}")
+    for name in ("reproduce_every", "transfer_every", "max_active", "population", "eval_episodes", "novelty_k"):
+        if getattr(algo, name) < 1:
+            raise UsageError(f"algo.{name}={getattr(algo, name)} must be at least 1")
+
+
+def train(cfg, run, on_iteration=None) -> dict:
+    """Run POET as ``cfg`` says, writing into ``run`` (a ``fiberrl.run.RunDirectory``).
+    ``on_iteration(iteration, pool)`` is called after every iteration."""
+    from fiberrl.terrain_plot import plot_population, plot_progress
+    check_config(cfg)
+    algo = cfg.algo
+    env = make_terrain_env(None)
+    policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
+    obs_shape = env.observation_space.shape
+    env.close()
+    noise = NoiseTable(cfg.seed, algo.noise_size)
+    scale = encoding_scale(algo)
+    rng = np.random.Generator(np.random.PCG64([cfg.seed, 2]))
+    first = Pair(0, TerrainEncoding(), new_es(policy.initial_params(rng), algo, noise, rng, obs_shape),
+                 created=0, parent=None)
+    pairs, archive, next_id, start, elapsed = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, 0, 0.0
+
+    spec = EvaluatorSpec(algo.episode_steps or cfg.env.max_episode_steps, algo.policy, list(algo.hidden), cfg.seed,
+                         algo.noise_size, algo.sigma, algo.obs_clip)
+    server = ParamServer()
+    server.start()
+    pool = None
+    try:
+        store = server.ParamStore()
+        pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
+        master = Master(pool, store, algo, rng)
+        checkpoint = run.load_checkpoint()
+        if checkpoint is not None:
+            arrays, values = checkpoint
+            pairs, archive = unpack(arrays, values, master, algo, noise, obs_shape)
+            next_id, start, elapsed = values["next_id"], values["iteration"] + 1, values["time_s"]
+            run.truncate_metrics(after_iteration=values["iteration"])
+            run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
+        began = time.perf_counter() - elapsed
+        summary = dict(iterations=start)
+        for iteration in range(start, algo.iterations):
+            t0 = time.perf_counter()
+            busy0, pool0 = master.busy_s, master.pool_s
+            admitted = passed = replaced = 0
+            if iteration > 0 and iteration % algo.reproduce_every == 0:
+                children, passed, next_id = reproduce(pairs, archive, iteration, master, algo, noise, next_id)
+                pairs += children
+                admitted = len(children)
+                pairs = pairs[-algo.max_active:]  # admitted last, so the oldest leave
+
+            # each agent is scored on its terrain as it was before this step, in the step's own map
+            returns, scores = master.es_steps([(("pair", p.id), p.es, p.encoding) for p in pairs])
+            for p, score in zip(pairs, scores, strict=True):
+                p.score = score
+
+            if iteration > 0 and iteration % algo.transfer_every == 0:
+                replaced = transfer(pairs, master, algo, noise)
+
+            by_id = {t.id: t for t in archive}
+            for p in pairs:
+                if p.score >= algo.solved_threshold and by_id[p.id].solved_at is None:
+                    by_id[p.id].solved_at = iteration
+            solved = [t for t in archive if t.solved_at is not None]
+            both = np.concatenate(returns)
+            wall = time.perf_counter() - t0
+            metrics = dict(
+                iteration=iteration, timesteps=master.timesteps, reward_mean=float(both.mean()),
+                reward_max=float(both.max()), reward_min=float(both.min()),
+                eval_reward=max(p.score for p in pairs), annecs=sum(1 for t in solved if t.id != 0),
+                active_pairs=len(pairs), envs_created=len(archive) - 1, children_passed_mc=passed,
+                children_admitted=admitted, transfers=replaced,
+                hardest_solved=max((difficulty(t.encoding, scale) for t in solved), default=None),
+                utilisation=(master.busy_s - busy0) / (cfg.workers * wall),
+                pool_utilisation=(master.busy_s - busy0) / max(cfg.workers * (master.pool_s - pool0), 1e-9),
+                time_s=time.perf_counter() - began, iteration_s=wall,
+                pairs=[dict(id=p.id, score=p.score, age=iteration - p.created, terrain=p.encoding.describe())
+                       for p in pairs])
+            run.log(metrics)
+            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations:
+                arrays, values = pack(pairs, archive, master, dict(iteration=iteration, next_id=next_id,
+                                                                   time_s=metrics["time_s"]))
+                run.save_checkpoint(iteration, arrays, values)
+                plot_population([(p.id, p.encoding, p.score) for p in pairs], run.path / "terrains.png",
+                                seed=cfg.seed)
+                plot_progress(run.read_metrics(), run.path / "poet.png")
+            summary = dict(iterations=iteration + 1, timesteps=master.timesteps, annecs=metrics["annecs"],
+                           active_pairs=len(pairs), envs_created=metrics["envs_created"],
+                           eval_reward=metrics["eval_reward"], utilisation_mean=master.busy_s / max(
+                               cfg.workers * (time.perf_counter() - began), 1e-9))
+            if on_iteration is not None:
+                on_iteration(iteration, pool)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        server.shutdown()
+        noise.unlink()
+    summary["pairs"] = [(p.id, p.encoding, p.score) for p in pairs]
+    summary["archive"] = [(t.id, t.encoding, t.created, t.solved_at) for t in archive]
+    return summary
+
+
