@@ -3,4 +3,4 @@
 Each module defines ``Config`` (its hyperparameters, also its Hydra schema
 for ``algo=<name>``) and ``train(cfg, run)``.
 """
-ALGORITHMS = {"es": "algos.es", "poet": "algos.poet"}
+ALGORITHMS = {"es": "algos.es", "ppo": "algos.ppo", "poet": "algos.poet"}

@@ -35,10 +35,22 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("fiberrl_run_dir", default_run_dir, replace=True, use_cache=True)
 
 
+def not_in_fingerprint(algo: str) -> tuple[set, set]:
+    """(top-level settings, algo settings) that do not change what a run of ``algo``
+    computes; an algorithm module may say otherwise (PPO: ``workers`` sets its number of envs)."""
+    module = algorithm_module(algo)
+    return (getattr(module, "NOT_IN_FINGERPRINT", NOT_IN_FINGERPRINT),
+            getattr(module, "ALGO_NOT_IN_FINGERPRINT", ALGO_NOT_IN_FINGERPRINT))
+
+
 def fingerprint(cfg) -> dict:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    kept = {k: v for k, v in plain.items() if k not in NOT_IN_FINGERPRINT}
-    kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in ALGO_NOT_IN_FINGERPRINT}
+    top, algo = not_in_fingerprint(plain["algo"]["name"])
+    kept = {k: v for k, v in plain.items() if k not in top}
+    kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in algo}
+    if not kept.get("env", {}).get("atari", True):
+        # a setting newer than some checkpoints: at its default it leaves their fingerprint as it was
+        del kept["env"]["atari"]
     return kept
 
 
@@ -80,6 +92,9 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
     configure_backend(cfg.backend)
     check_workers(cfg)
     check_env_id(cfg.env.id)
+    if cfg.env.atari and not getattr(algorithm_module(cfg.algo.name), "ATARI", False):
+        raise UsageError(f"env.atari=true: algo={cfg.algo.name} does not apply the Atari preprocessing "
+                         f"(algo=ppo does)")
     path = Path(run_dir)
     if cfg.resume is None and any((path / "checkpoints").glob("*.npz")):
         raise UsageError(f"{path} already holds a run; pass resume={path} to continue it, or choose another "

@@ -21,7 +21,8 @@ class EnvConfig:
     name: str = MISSING                 # the short name runs are filed under
     id: str = MISSING                   # a gymnasium id ("module:Id" imports the module first)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
-    max_episode_steps: int | None = None  # None: the id's registered limit
+    max_episode_steps: int | None = None  # None: the id's registered limit (Atari: emulator frames)
+    atari: bool = False                 # the standard Atari preprocessing (fiberrl/atari.py); PPO only
 
 
 @dataclass

@@ -6,6 +6,11 @@ import importlib
 
 import gymnasium as gym
 
+try:  # registers the ALE/... and ...NoFrameskip-v4 ids
+    import ale_py  # noqa: F401
+except ImportError:  # pragma: no cover -- ale-py is a dependency, but Atari is not needed for other envs
+    pass
+
 
 class UnknownEnvironment(ValueError):
     pass
@@ -29,8 +34,13 @@ def check_env_id(env_id: str) -> None:
 
 
 def make_env(env_id: str, kwargs: dict | None = None, max_episode_steps: int | None = None,
-             render_mode: str | None = None) -> gym.Env:
+             render_mode: str | None = None, atari: bool = False) -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)``; with ``atari`` the standard Atari
+    preprocessing on top (``fiberrl.atari``), with its episode statistics in ``info``."""
     check_env_id(env_id)
+    if atari:
+        from .atari import make_atari
+        return make_atari(env_id, kwargs, max_episode_steps, render_mode)
     options = dict(kwargs or {})
     if max_episode_steps is not None:
         options["max_episode_steps"] = int(max_episode_steps)

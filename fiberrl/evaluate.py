@@ -20,11 +20,13 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 import yaml
 
+from .config import algorithm_module
 from .envs import UnknownEnvironment, make_env
 from .policies import RunningStat, make_policy, run_episode
 from .run import CHECKPOINT, load_npz
@@ -55,8 +57,11 @@ def read_config(run_dir: Path) -> dict:
 def env_config(config: dict) -> dict:
     """What ``make_env`` needs, with the step cap the run trained under."""
     env, algo = config["env"], config["algo"]
-    return dict(id=env["id"], kwargs=dict(env.get("kwargs") or {}),
-                max_episode_steps=algo.get("episode_steps") or env.get("max_episode_steps"))
+    environment = dict(id=env["id"], kwargs=dict(env.get("kwargs") or {}),
+                       max_episode_steps=algo.get("episode_steps") or env.get("max_episode_steps"))
+    if env.get("atari"):
+        environment["atari"] = True
+    return environment
 
 
 def _read_npz(path: Path) -> tuple[dict, dict]:
@@ -119,11 +124,55 @@ class LoadedPolicy:
     obs_std: np.ndarray
     obs_clip: float
     described: str            # which parameters these are, for the first printed line
+    # (env, seed, on_step) -> (return, length), for an algorithm whose policies run their own
+    # episodes (PPO: a torch agent, a whole Atari game per episode); None: ``run_episode``
+    episode: Callable | None = None
+
+    def run_episode(self, env, seed: int, on_step=None) -> tuple[float, int]:
+        if self.episode is not None:
+            return self.episode(env, seed, on_step)
+        total, steps, _ = run_episode(env, self.policy, self.obs_mean, self.obs_std, self.obs_clip, seed,
+                                      on_step=on_step)
+        return total, steps
+
+
+def _own_evaluation(config: dict):
+    """The algorithm's ``evaluation_policy(config, arrays, values)`` when it has one (PPO), else None."""
+    from algos import ALGORITHMS
+    name = config["algo"].get("name")
+    return getattr(algorithm_module(name), "evaluation_policy", None) if name in ALGORITHMS else None
+
+
+def _load_own(run_dir: Path, which: str, config: dict, evaluation_policy) -> LoadedPolicy:
+    if which == "best":
+        path = run_dir / "best_policy.npz"
+        if not path.is_file():
+            hint = "; try --checkpoint latest" if list((run_dir / "checkpoints").glob("*.npz")) else ""
+            raise RunError(f"{run_dir} has no best_policy.npz yet (no evaluation has finished){hint}")
+    elif which == "latest":
+        path = _newest_checkpoint(run_dir)
+    else:
+        raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
+    arrays, values = _read_npz(path)
+    try:
+        policy, episode = evaluation_policy(config, arrays, values)
+    except ValueError as exc:
+        raise RunError(f"{path}: {exc}") from None
+    if which == "best":
+        reward = values.get("eval_reward")
+        detail = f"eval reward {reward:.2f}" if isinstance(reward, (int, float)) else "eval reward -"
+        described = f"best policy (iteration {values.get('iteration', '?')}, {detail})"
+    else:
+        described = f"checkpoint {path.name} (iteration {values.get('iteration', '?')})"
+    return LoadedPolicy(env_config(config), policy, None, None, None, described, episode)
 
 
 def _load(run_dir, which: str) -> LoadedPolicy:
     run_dir = Path(run_dir)
     config = read_config(run_dir)
+    evaluation_policy = _own_evaluation(config)
+    if evaluation_policy is not None:
+        return _load_own(run_dir, which, config, evaluation_policy)
     environment = env_config(config)
     theta, obs_mean, obs_std, values, described = _load_parameters(run_dir, which)
     algo = config["algo"]
@@ -147,19 +196,6 @@ def load_policy(run_dir, which: str = "best"):
     of the run in ``run_dir``; ``which`` is "best" or "latest"."""
     loaded = _load(run_dir, which)
     return loaded.environment, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip
-
-
-def record_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, max_frames: int | None = None):
-    """``run_episode`` that also keeps the rendered frames (the first ``max_frames``):
-    (return, steps, frames)."""
-    frames = []
-
-    def keep_frame():
-        if max_frames is None or len(frames) < max_frames:
-            frames.append(env.render())
-
-    total, steps, _ = run_episode(env, policy, obs_mean, obs_std, obs_clip, seed, on_step=keep_frame)
-    return total, steps, frames
 
 
 def save_gif(frames: list, path, fps: float) -> Path:
@@ -189,10 +225,14 @@ def _record_video(loaded: LoadedPolicy, seed: int, path: Path, max_frames: int |
     # frames are drawn off-screen; without this SDL looks for a display and complains on stderr
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"],
-                   render_mode="rgb_array")
+                   render_mode="rgb_array", atari=environment.get("atari", False))
+    frames = []
+
+    def keep_frame():
+        if max_frames is None or len(frames) < max_frames:
+            frames.append(env.render())
     try:
-        total, steps, frames = record_episode(env, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip,
-                                              seed, max_frames)
+        total, steps = loaded.run_episode(env, seed, on_step=keep_frame)
         fps = env.metadata.get("render_fps") or 30
     finally:
         env.close()
@@ -203,15 +243,15 @@ def _record_video(loaded: LoadedPolicy, seed: int, path: Path, max_frames: int |
 def _run_episodes(loaded: LoadedPolicy, episodes: int, seed: int, video: Path | None, max_frames: int | None,
                   on_episode=None) -> list[tuple[float, int]]:
     environment = loaded.environment
-    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"])
+    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"],
+                   atari=environment.get("atari", False))
     results = []
     try:
         for i in range(episodes):
             if i == 0 and video is not None:
                 total, steps = _record_video(loaded, seed, video, max_frames)
             else:
-                total, steps, _ = run_episode(env, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip,
-                                              seed + i)
+                total, steps = loaded.run_episode(env, seed + i)
             results.append((total, steps))
             if on_episode is not None:
                 on_episode(i, total, steps)

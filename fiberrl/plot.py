@@ -1,16 +1,17 @@
 """Draw learning curves of one or more runs to a PNG.
 
     python -m fiberrl.plot <run dir or folder of runs>... [-o curves.png]
-                           [--metric eval_reward|reward_mean|reward_max]
+                           [--metric eval_reward|reward_mean|reward_max|charts/episodic_return]
 
 Two panels: the metric against environment timesteps and against wall time.
 Runs whose config.yaml differ only in ``seed`` (and in settings that do not
-change the result: workers, backend, resume, tensorboard) form one group,
+change the result: backend, resume, tensorboard, and for ES workers) form one group,
 drawn as the mean over its seeds with a band from the lowest to the highest
 seed.  Groups are labelled by algorithm / environment plus the settings in
 which they differ.  A folder that is not itself a run (a Hydra multirun
 folder, ``runs/``) stands for every run below it.  ``eval_reward`` falls back
-to ``reward_mean`` for a group in which some run logged no eval rewards.
+to ``reward_mean`` (ES) or ``charts/episodic_return`` (PPO's training episodes)
+for a group in which some run logged no eval rewards.
 
 From Python: ``plot_runs(run_dirs, out_path, metric)`` and ``group_runs(run_dirs)``.
 """
@@ -26,12 +27,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .app import NOT_IN_FINGERPRINT
+from .app import NOT_IN_FINGERPRINT, not_in_fingerprint
 from .run import flatten as flatten_keys
 
-METRICS = ("eval_reward", "reward_mean", "reward_max")
+METRICS = ("eval_reward", "reward_mean", "reward_max", "charts/episodic_return")
 # runs that differ only in these are seeds of one configuration
 NOT_GROUPED_BY = NOT_IN_FINGERPRINT | {"seed"}
+# what eval_reward falls back to, in order, for a group in which some run logged none:
+# ES's mean return of its perturbed episodes, PPO's of its training episodes
+FALLBACKS = ("reward_mean", "charts/episodic_return")
 # points on the common x axis a group's seeds are interpolated onto
 GRID_POINTS = 200
 X_AXES = (("timesteps", "environment timesteps"), ("time_s", "wall time (s)"))
@@ -95,9 +99,18 @@ def flatten(config: dict) -> dict:
     return {key: tuple(value) if isinstance(value, list) else value for key, value in flatten_keys(config).items()}
 
 
+def _not_grouped_by(config: dict) -> set:
+    from algos import ALGORITHMS
+    name = (config.get("algo") or {}).get("name") if isinstance(config.get("algo"), dict) else None
+    if name not in ALGORITHMS:
+        return NOT_GROUPED_BY
+    return not_in_fingerprint(name)[0] | {"seed"}
+
+
 def _settings(run: Run) -> dict:
     flat = flatten(run.config or {})
-    return {k: v for k, v in flat.items() if k.split(".", 1)[0] not in NOT_GROUPED_BY}
+    ignored = _not_grouped_by(run.config or {})
+    return {k: v for k, v in flat.items() if k.split(".", 1)[0] not in ignored}
 
 
 def _group_key(run: Run) -> str:
@@ -163,11 +176,13 @@ def _number(value) -> bool:
 
 
 def group_metric(runs: list[Run], metric: str) -> str:
-    """``metric``, or reward_mean when it is eval_reward and some run of the group logged none
-    (the whole group switches, so its seeds stay comparable)."""
-    if metric == "eval_reward" and not all(any(_number(row.get(metric)) for row in run.metrics) for run in runs):
-        return "reward_mean"
-    return metric
+    """``metric``, or when it is eval_reward and some run of the group logged none, the first of
+    ``FALLBACKS`` every run logged (the whole group switches, so its seeds stay comparable)."""
+    def logged_by_all(name):
+        return all(any(_number(row.get(name)) for row in run.metrics) for run in runs)
+    if metric != "eval_reward" or logged_by_all(metric):
+        return metric
+    return next((name for name in FALLBACKS if logged_by_all(name)), FALLBACKS[0])
 
 
 def band(curves: list[tuple[np.ndarray, np.ndarray]]):

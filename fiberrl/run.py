@@ -118,7 +118,8 @@ class RunDirectory:
         save_npz(self.path / "best_policy.npz", arrays, values)
 
     # --- metrics ------------------------------------------------------------
-    def log(self, metrics: dict) -> None:
+    def log(self, metrics: dict, line: str | None = None) -> None:
+        """Append ``metrics`` (with an ``iteration``) and print ``line``, by default ES's progress line."""
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self._tensorboard:
@@ -128,7 +129,7 @@ class RunDirectory:
                 if key not in ("iteration", "timesteps") and _scalar(value):
                     writer.add_scalar(key, value, global_step=step)
             writer.flush()
-        self.console.print(progress_line(metrics))
+        self.console.print(progress_line(metrics) if line is None else line)
 
     def _tensorboard_writer(self, iteration: int):
         if self._writer is None:

@@ -1,0 +1,328 @@
+"""Environments on remote env servers, stepped as one batch, like a vector env.
+
+Each env server is an ``AsyncManager`` process (so a job on the configured
+backend) holding ``envs_per_server`` environments.  ``RemoteEnvs.step(actions)``
+sends every server its slice of the actions at once and collects the replies,
+so the servers step in parallel; each reply is one round trip carrying
+numpy arrays (uint8 frames for Atari), stacked into one batch.
+
+Autoreset, the contract between the servers and the learner: ``step`` steps
+every env once, and an env whose episode ends is reset in the same call, so
+``obs[i]`` is always an observation to act on (the first of a new episode
+when ``terminated[i] or truncated[i]``).  The last observation of a
+*truncated* episode, which the learner needs to bootstrap from, comes back in
+``final_obs[i]``; a terminated one needs none.  Whole episodes that ended are
+reported as ``(env index, return, length)`` from gymnasium's episode
+statistics (for Atari: the whole game, unclipped).
+
+Determinism: env ``i`` of the whole batch (its *slot*) resets its ``k``-th
+episode with a seed derived from (run seed, slot, generation, k), whichever
+server holds it.  An Atari emulator is not reseeded per episode (reloading
+the game costs ~70 ms, as much as 150 steps): its episodes after the first
+start from a snapshot of the emulator taken before their reset
+(``fiberrl.atari.snapshot``, ~15 KB), which the server reports.  An episode
+is thus a function of its seed or snapshot and its actions; ``RemoteEnvs``
+records both for every slot, and ``history()`` rebuilds every env's state
+exactly in new servers (``RemoteEnvs(..., history=...)`` replays it): that is
+how a resumed run continues as the uninterrupted one would have.
+
+Crashes: a server that dies (or does not answer within ``timeout``) is
+replaced by a fresh one; its envs start new episodes with new seeds (the
+slot's generation goes up), the episodes they were in are reported as
+truncated with the last observation the learner had as their final one, the
+event is logged on the ``fiberrl`` logger and counted in ``restarts``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+
+from . import atari
+from .envs import make_env
+from .runtime.managers import AsyncManager, ManagerError
+
+log = logging.getLogger("fiberrl")
+
+# attempts at starting a replacement server before the run gives up
+RESTART_ATTEMPTS = 3
+
+
+class EnvServerError(RuntimeError):
+    """An env server could not be started or replaced."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an env server needs to make its envs; small, sent once per server."""
+    id: str
+    kwargs: dict = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    atari: bool = False
+
+    def make(self, render_mode: str | None = None) -> gym.Env:
+        """The env with its episode statistics in ``info["episode"]`` at each episode's end."""
+        env = make_env(self.id, self.kwargs, self.max_episode_steps, render_mode, atari=self.atari)
+        # the Atari stack has them already, below the lost-life episode ends
+        return env if self.atari else gym.wrappers.RecordEpisodeStatistics(env)
+
+
+def episode_seed(seed: int, slot: int, generation: int, episode: int) -> int:
+    return int(np.random.SeedSequence([seed, slot, generation, episode]).generate_state(1)[0])
+
+
+@dataclass
+class SlotHistory:
+    """What rebuilds one env's state: the episodes it finished (so the seed of
+    the one it is in) or the snapshot its episode started from (Atari), and
+    since that episode's reset, its actions and the positions among them of
+    the resets that were not new episodes (a lost life)."""
+    episode: int
+    actions: np.ndarray
+    life_resets: np.ndarray
+    start: np.ndarray | None = None
+
+
+@dataclass
+class Step:
+    obs: np.ndarray                    # (num_envs, *obs_shape): the observations to act on next
+    reward: np.ndarray                 # float32
+    terminated: np.ndarray             # bool
+    truncated: np.ndarray              # bool
+    final_obs: dict = field(default_factory=dict)   # env index -> last obs of its truncated episode
+    episodes: list = field(default_factory=list)    # (env index, return, length) of whole episodes that ended
+
+
+class EnvServer:
+    """Lives in an env server process: its envs, stepped together."""
+
+    def __init__(self, spec: EnvSpec, seed: int, slots: list[int], generation: int = 0):
+        self.spec, self.seed, self.slots, self.generation = spec, seed, list(slots), generation
+        self.envs = [spec.make() for _ in self.slots]
+        self.episode = [0] * len(self.envs)
+        space = self.envs[0].observation_space
+        self.obs_dtype = space.dtype if isinstance(space, gym.spaces.Box) else np.float32
+        self.discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
+
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.envs[0].observation_space, self.envs[0].action_space
+
+    def reset(self, history: list[SlotHistory] | None = None) -> np.ndarray:
+        """The first observations; with ``history``, those of the rebuilt envs."""
+        if history is None:
+            return self._batch([self._new_episode(i) for i in range(len(self.envs))])
+        return self._batch([self._replay(i, h) for i, h in enumerate(history)])
+
+    def step(self, actions) -> tuple:
+        """(obs, rewards, terminated, truncated, final obs {i: obs}, episodes [(i, return, length)],
+        snapshots {i: bytes} the new episodes of Atari envs start from)."""
+        n = len(self.envs)
+        obs, rewards = [], np.zeros(n, np.float32)
+        terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+        final, episodes, starts = {}, [], {}
+        for i, env in enumerate(self.envs):
+            o, rewards[i], terminated[i], truncated[i], info = env.step(self._action(actions[i]))
+            if terminated[i] or truncated[i]:
+                if truncated[i] and not terminated[i]:
+                    final[i] = np.asarray(o, self.obs_dtype)
+                if "episode" in info:  # the real end of the episode (of the game, for Atari)
+                    episodes.append((i, float(info["episode"]["r"]), int(info["episode"]["l"])))
+                    self.episode[i] += 1
+                    if self.spec.atari:
+                        starts[i] = atari.snapshot(env)
+                        o, _ = env.reset()
+                    else:
+                        o = self._new_episode(i)
+                else:  # a lost life: the game goes on from a reset that starts no new episode
+                    o, _ = env.reset()
+            obs.append(o)
+        return self._batch(obs), rewards, terminated, truncated, final, episodes, starts
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _action(self, action):
+        return int(action) if self.discrete else np.asarray(action)
+
+    def _new_episode(self, i: int):
+        obs, _ = self.envs[i].reset(seed=episode_seed(self.seed, self.slots[i], self.generation, self.episode[i]))
+        return obs
+
+    def _replay(self, i: int, history: SlotHistory):
+        self.episode[i] = history.episode
+        if history.start is None:
+            obs = self._new_episode(i)
+        else:
+            atari.restore(self.envs[i], history.start)
+            obs, _ = self.envs[i].reset()
+        resets = list(history.life_resets)
+        for k, action in enumerate(history.actions):
+            while resets and resets[0] == k:
+                obs, _ = self.envs[i].reset()
+                resets.pop(0)
+            obs, *_ = self.envs[i].step(self._action(action))
+        for _ in resets:  # a life lost on the last step
+            obs, _ = self.envs[i].reset()
+        return obs
+
+    def _batch(self, obs: list) -> np.ndarray:
+        return np.stack(obs).astype(self.obs_dtype, copy=False)
+
+
+class EnvServerManager(AsyncManager):
+    """The process that holds an ``EnvServer``."""
+
+
+EnvServerManager.register("EnvServer", EnvServer)
+
+
+class RemoteEnvs:
+    """``servers`` env servers of ``envs_per_server`` envs each, as one batch of
+    ``num_envs`` envs in slot order (server 0's envs first).
+
+    It also keeps each slot's ``SlotHistory`` from what it sends and receives,
+    so ``history()`` costs no round trip and survives a server's loss."""
+
+    def __init__(self, spec: EnvSpec, servers: int, envs_per_server: int, seed: int, timeout: float = 60.0,
+                 history: list[SlotHistory] | None = None, generations: list[int] | None = None):
+        if servers < 1 or envs_per_server < 1:
+            raise ValueError(f"{servers} servers of {envs_per_server} envs: each needs at least one")
+        self.spec, self.seed, self.timeout = spec, seed, timeout
+        self.num_servers, self.envs_per_server = servers, envs_per_server
+        self.num_envs = servers * envs_per_server
+        self.restarts = 0
+        self.generations = list(generations) if generations is not None else [0] * servers
+        if history is not None and len(history) != self.num_envs:
+            raise ValueError(f"a history of {len(history)} envs cannot rebuild {self.num_envs}")
+        self._history = history
+        self._episode = [h.episode for h in history] if history else [0] * self.num_envs
+        self._actions = [list(h.actions) for h in history] if history else [[] for _ in range(self.num_envs)]
+        self._life_resets = ([list(h.life_resets) for h in history] if history
+                             else [[] for _ in range(self.num_envs)])
+        self._starts = [h.start for h in history] if history else [None] * self.num_envs
+        self._pending: list = [None] * servers
+        self._obs: np.ndarray | None = None
+        self.managers = [EnvServerManager() for _ in range(servers)]
+        self.servers: list = [None] * servers
+        try:
+            # starting a server takes about a second: start them all at once
+            with ThreadPoolExecutor(min(servers, 16)) as threads:
+                list(threads.map(lambda m: m.start(), self.managers))
+            for k in range(servers):
+                self.servers[k] = self.managers[k].EnvServer(spec, seed, self.slots(k), self.generations[k])
+            self.single_observation_space, self.single_action_space = self.servers[0].spaces().get(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def slots(self, server: int) -> range:
+        return range(server * self.envs_per_server, (server + 1) * self.envs_per_server)
+
+    def reset(self) -> np.ndarray:
+        """The first observations (when made with a history: those of the rebuilt envs)."""
+        history, self._history = self._history, None
+        handles = [server.reset(None if history is None else [history[i] for i in self.slots(k)])
+                   for k, server in enumerate(self.servers)]
+        self._obs = np.concatenate([h.get(self.timeout) for h in handles])
+        return self._obs.copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        for k in range(self.num_servers):
+            self.send(k, actions[self.slots(k).start:self.slots(k).stop])
+
+    def step_wait(self) -> Step:
+        parts = [self.receive(k) for k in range(self.num_servers)]
+        step = Step(*(np.concatenate([getattr(p, name) for p in parts])
+                      for name in ("obs", "reward", "terminated", "truncated")))
+        for part in parts:
+            step.final_obs.update(part.final_obs)
+            step.episodes.extend(part.episodes)
+        return step
+
+    def step(self, actions: np.ndarray) -> Step:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def send(self, k: int, actions: np.ndarray) -> None:
+        """Have server ``k`` step its envs with ``actions`` (theirs only); ``receive(k)`` collects it."""
+        for slot, action in zip(self.slots(k), actions, strict=True):
+            self._actions[slot].append(action.copy())
+        try:
+            self._pending[k] = self.servers[k].step(actions)
+        except ManagerError as exc:  # already gone: it could not even be sent the call
+            self._pending[k] = exc
+
+    def receive(self, k: int) -> Step:
+        """Server ``k``'s step, as a Step of its envs (their indices in the whole batch)."""
+        handle, self._pending[k] = self._pending[k], None
+        try:
+            if isinstance(handle, ManagerError):
+                raise handle
+            part = handle.get(self.timeout)
+            self._record(k, part)
+        except (ManagerError, TimeoutError) as exc:
+            part = self._replace(k, exc)
+        obs, reward, terminated, truncated, final, episodes, _ = part
+        base = self.slots(k).start
+        self._obs[base:base + self.envs_per_server] = obs
+        return Step(obs, reward, terminated, truncated, {base + i: o for i, o in final.items()},
+                    [(base + i, r, n) for i, r, n in episodes])
+
+    def history(self) -> list[SlotHistory]:
+        return [SlotHistory(self._episode[i], np.array(self._actions[i]), np.array(self._life_resets[i], np.int64),
+                            self._starts[i]) for i in range(self.num_envs)]
+
+    def _record(self, k: int, part: tuple) -> None:
+        """Mirror the server's resets in the slots' histories."""
+        _, _, terminated, truncated, _, episodes, starts = part
+        ended = {i for i, _, _ in episodes}
+        for i in np.flatnonzero(terminated | truncated):
+            slot = k * self.envs_per_server + int(i)
+            if int(i) in ended:
+                self._episode[slot] += 1
+                self._actions[slot], self._life_resets[slot] = [], []
+                self._starts[slot] = starts.get(int(i))
+            else:
+                self._life_resets[slot].append(len(self._actions[slot]))
+
+    def _replace(self, k: int, cause: BaseException) -> tuple:
+        """A fresh server for server ``k``, and what its step reports: every
+        episode it held truncated, with the last observation we had as the final one."""
+        self.restarts += 1
+        slots = self.slots(k)
+        log.warning("env server %d (pid %s, envs %d-%d) was lost: %s; starting a replacement, its episodes are "
+                    "cut short as truncated", k, self.managers[k].pid, slots[0], slots[-1],
+                    str(cause).split("\n")[0])
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            self.generations[k] += 1
+            try:
+                self.managers[k].restart()
+                self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, list(slots), self.generations[k])
+                obs = self.servers[k].reset().get(self.timeout)
+                break
+            except (ManagerError, TimeoutError) as exc:
+                if attempt == RESTART_ATTEMPTS:
+                    raise EnvServerError(f"env server {k} could not be replaced in {attempt} attempts: {exc}") from exc
+                log.warning("env server %d: replacement attempt %d failed: %s", k, attempt, exc)
+                time.sleep(1.0)
+        for slot in slots:
+            self._episode[slot], self._actions[slot], self._life_resets[slot], self._starts[slot] = 0, [], [], None
+        n = self.envs_per_server
+        last = self._obs[slots.start:slots.stop]
+        final = {i: last[i].copy() for i in range(n)}
+        return obs, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), final, [], {}
+
+    def pids(self) -> list[int | None]:
+        return [m.pid for m in self.managers]
+
+    def close(self) -> None:
+        for manager in self.managers:
+            try:
+                manager.shutdown()
+            except Exception as exc:  # noqa: BLE001 -- closing must reach every server
+                log.warning("env server %s did not shut down cleanly: %s", manager, exc)

@@ -1,0 +1,269 @@
+"""PPO with remote env servers: GAE and episode ends against known values,
+the env servers' autoreset and replay, and whole runs on real env server
+processes (learning CartPole, a server killed mid-run, resume, Breakout, the CLI)."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from algos.ppo import bootstrap_truncated, gae
+from fiberrl.app import UsageError, run
+from fiberrl.config import compose
+from fiberrl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.evaluate import evaluate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the env servers too: they get our sys.path
+import ppo_toy_env  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
+
+
+def _train(tmp_path, name, overrides, on_iteration=None):
+    cfg = compose([*FAST, *overrides])
+    return run(cfg, tmp_path / name, on_iteration=on_iteration)
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _parameters(summary):
+    return torch.nn.utils.parameters_to_vector(summary["agent"].parameters()).detach().numpy()
+
+
+# --- advantages -------------------------------------------------------------------
+
+def test_gae_returns_by_hand_termination_versus_truncation():
+    gamma = 0.9
+    rewards = torch.tensor([[1.0], [1.0], [1.0]])
+    values = torch.zeros(3, 1)
+    ends = torch.tensor([[0.0], [0.0], [1.0]])
+    # terminated after 3 steps: nothing follows, whatever the value of the next observation
+    _, returns = gae(rewards, values, ends, torch.tensor([123.0]), gamma, 1.0)
+    np.testing.assert_allclose(returns[:, 0], [2.71, 1.9, 1.0], rtol=1e-6)
+    # truncated after 3 steps, the last observation worth 10: the return goes on through it
+    bootstrapped = torch.as_tensor(bootstrap_truncated(rewards[:, 0].numpy(), {2: 10.0}, gamma)[:, None])
+    _, returns = gae(bootstrapped, values, ends, torch.tensor([123.0]), gamma, 1.0)
+    np.testing.assert_allclose(returns[:, 0], [10.0, 10.0, 10.0], rtol=1e-6)
+    # no end in the rollout: bootstrap from the value after its last step
+    advantages, returns = gae(rewards, values, torch.zeros(3, 1), torch.tensor([10.0]), gamma, 0.5)
+    np.testing.assert_allclose(returns[:, 0], advantages[:, 0])
+    np.testing.assert_allclose(returns[2, 0], 1 + 0.9 * 10, rtol=1e-6)
+
+
+def test_env_servers_end_episodes_so_that_exact_values_give_zero_advantages():
+    """With the true value function every advantage is zero, for any lambda, only if
+    terminations cut the return and truncations bootstrap from the final observation."""
+    gamma, steps = 0.9, 40
+    envs = RemoteEnvs(EnvSpec("ppo_toy_env:Chain-v0"), servers=2, envs_per_server=2, seed=3)
+    try:
+        obs = envs.reset()
+        states, rewards, ends, finals, episodes = [], [], [], [], []
+        for _ in range(steps):
+            states.append(obs)
+            step = envs.step(np.zeros(envs.num_envs, np.int64))
+            # autoreset: an ended episode's env already shows the first observation of the next one
+            assert all(step.obs[i][0] == 0 for i in np.flatnonzero(step.terminated | step.truncated))
+            assert set(step.final_obs) == set(np.flatnonzero(step.truncated & ~step.terminated))
+            for final in step.final_obs.values():
+                assert list(final) == [ppo_toy_env.TIME_LIMIT, 7]  # the last observation of the cut episode
+            rewards.append(step.reward)
+            ends.append(step.terminated | step.truncated)
+            finals.append(step.final_obs)
+            episodes += step.episodes
+            obs = step.obs
+    finally:
+        envs.close()
+    assert {(r, n) for _, r, n in episodes} == {(3.0, 3), (5.0, 5)}  # both kinds of ending happened
+    values = ppo_toy_env.true_value(np.array(states, np.float64), gamma)
+    last_value = torch.as_tensor(ppo_toy_env.true_value(obs.astype(np.float64), gamma))
+
+    def advantages(bootstrap: bool):
+        rows = [bootstrap_truncated(r.astype(np.float64), {i: ppo_toy_env.true_value(o.astype(np.float64), gamma)
+                                                           for i, o in f.items()} if bootstrap else {}, gamma)
+                for r, f in zip(rewards, finals, strict=True)]
+        adv, _ = gae(torch.tensor(np.array(rows)), torch.as_tensor(values), torch.tensor(np.array(ends), dtype=float),
+                     last_value, gamma, 0.95)
+        return adv.numpy()
+
+    np.testing.assert_allclose(advantages(bootstrap=True), 0.0, atol=1e-9)
+    assert np.abs(advantages(bootstrap=False)).max() > 1.0  # a truncation taken for a termination is wrong
+
+
+def test_history_rebuilds_breakout_envs_exactly_through_lost_lives():
+    spec = EnvSpec("ALE/Breakout-v5", atari=True)
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(4, size=2) for _ in range(260)]
+    envs = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=1)
+    try:
+        assert envs.single_observation_space.shape == (4, 84, 84)
+        obs = envs.reset()
+        assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+        for a in actions[:200]:
+            envs.step(a)
+        history, expected = envs.history(), envs.step(actions[200]).obs
+        rest = [envs.step(a).obs for a in actions[201:]]
+    finally:
+        envs.close()
+    # lives were lost and games ended: the replay must go through both
+    assert sum(len(h.life_resets) for h in history) >= 1 and any(h.start is not None for h in history)
+    rebuilt = RemoteEnvs(spec, servers=2, envs_per_server=1, seed=1, history=history)  # any split of the slots
+    try:
+        rebuilt.reset()
+        assert np.array_equal(rebuilt.step(actions[200]).obs, expected)
+        assert all(np.array_equal(rebuilt.step(a).obs, o) for a, o in zip(actions[201:], rest, strict=True))
+    finally:
+        rebuilt.close()
+
+
+# --- whole runs -------------------------------------------------------------------
+
+def test_cartpole_is_solved_with_two_env_servers(tmp_path):
+    # seeds 0-3 reached an eval reward of 450 after 16k-43k steps: the budget leaves room
+    summary = _train(tmp_path, "solve", ["env=cartpole", "workers=2", "algo.envs_per_worker=2", "algo.clip_coef=0.2",
+                                         "algo.learning_rate=1e-3", "algo.total_timesteps=100000",
+                                         "algo.eval_every=4", "algo.eval_episodes=5", "algo.stop_reward=450",
+                                         "seed=0"])
+    metrics = _metrics(tmp_path / "solve")
+    print(f"eval reward {summary['eval_reward']} after {summary['global_step']} steps")
+    assert metrics[0]["charts/episodic_return"] < 50  # it learnt: the first policy falls at once
+    assert summary["eval_reward"] >= 450 and summary["global_step"] < 100000
+    assert all(m["charts/SPS"] > 0 for m in metrics)
+    assert (tmp_path / "solve" / "best_policy.npz").exists()
+    returns = [r for r, _ in evaluate(tmp_path / "solve", episodes=5, seed=0)]
+    assert np.mean(returns) >= 195
+
+
+def test_a_killed_env_server_is_replaced_and_training_finishes(tmp_path, caplog):
+    killed = []
+
+    def kill_a_server_mid_rollout(update, envs):
+        if update == 1:
+            pid = envs.pids()[1]
+            threading.Timer(0.05, lambda: (os.kill(pid, signal.SIGKILL), killed.append(pid))).start()
+
+    with caplog.at_level(logging.WARNING, logger="fiberrl"):
+        summary = _train(tmp_path, "kill", ["env=cartpole", "workers=2", "algo.envs_per_worker=2",
+                                            "algo.num_steps=256", "algo.total_timesteps=5120"],
+                         on_iteration=kill_a_server_mid_rollout)
+    assert killed and summary["updates"] == 5
+    assert summary["env_server_restarts"] == 1
+    restarts = [m["charts/env_server_restarts"] for m in _metrics(tmp_path / "kill")]
+    assert restarts[:2] == [0, 0] and restarts[-1] == 1 and restarts == sorted(restarts)
+    assert any("env server 1" in r.getMessage() and "replacement" in r.getMessage() for r in caplog.records)
+
+
+def test_same_result_for_any_split_of_the_envs_over_servers(tmp_path):
+    settings = ["env=cartpole", "algo.num_steps=32", "algo.total_timesteps=256", "seed=4"]
+    one = _train(tmp_path, "one", ["workers=1", "algo.envs_per_worker=4", *settings])
+    two = _train(tmp_path, "two", ["workers=2", "algo.envs_per_worker=2", *settings])
+    assert np.array_equal(_parameters(one), _parameters(two))
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
+    # Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
+    settings = ["env=pendulum", "workers=2", "algo.envs_per_worker=1", "algo.num_steps=64",
+                "algo.total_timesteps=768", "algo.checkpoint_every=2", "algo.norm_obs=true", "algo.norm_reward=true",
+                "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
+    whole = _train(tmp_path, "whole", settings)
+
+    def crash_after_update_4(update, envs):
+        if update == 4:  # the last checkpoint was after update 3: update 4 is logged and lost
+            raise Interrupted
+    with pytest.raises(Interrupted):
+        _train(tmp_path, "parts", settings, on_iteration=crash_after_update_4)
+    resumed = _train(tmp_path, "parts", [*settings, f"resume={tmp_path / 'parts'}"])
+    assert np.array_equal(_parameters(whole), _parameters(resumed))
+    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "charts/SPS")
+    strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
+    assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
+    assert [m["iteration"] for m in strip] == list(range(6))
+
+
+def test_breakout_runs_a_few_updates_and_evaluates(tmp_path):
+    seen = []
+    summary = _train(tmp_path, "breakout", ["env=breakout", "workers=1", "algo.envs_per_worker=2",
+                                            "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1",
+                                            "algo.total_timesteps=64", "env.max_episode_steps=2000"],
+                     on_iteration=lambda update, envs: seen.append((envs._obs.shape, envs._obs.dtype)))
+    assert summary["updates"] == 2 and summary["global_step"] == 64
+    assert seen == [((2, 4, 84, 84), np.uint8)] * 2
+    metrics = _metrics(tmp_path / "breakout")
+    assert np.isfinite(metrics[-1]["losses/value_loss"]) and metrics[-1]["charts/SPS"] > 0
+    (length_cap,) = {n for _, n in evaluate(tmp_path / "breakout", episodes=1, which="latest")}
+    assert 0 < length_cap <= 2000  # a whole game, in frames, within the frame limit
+
+
+def fiberrl_cli(module, args, cwd, timeout=240):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_runs_ppo_then_evaluates_and_plots_it(tmp_path):
+    run_dir = tmp_path / "run"
+    result = fiberrl_cli("fiberrl", ["algo=ppo", "env=cartpole", "workers=1", "algo.num_steps=32",
+                                     "algo.total_timesteps=512", "algo.eval_every=2", "algo.eval_episodes=2",
+                                     f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "update     4/4  steps 512" in result.stdout
+    metrics = _metrics(run_dir)
+    assert len(metrics) == 4 and metrics[-1]["global_step"] == 512
+    for key in ("charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "charts/env_server_restarts"):
+        assert key in metrics[-1], key
+    assert list((run_dir / "tensorboard").iterdir()) and list((run_dir / "checkpoints").glob("*.npz"))
+    evaluated = fiberrl_cli("fiberrl.evaluate", [run_dir, "--episodes", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "best policy (iteration" in evaluated.stdout and "mean return" in evaluated.stdout
+    plotted = fiberrl_cli("fiberrl.plot", [run_dir, "-o", tmp_path / "curves.png"], tmp_path)
+    assert plotted.returncode == 0, plotted.stderr
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["algo.envs_per_worker=0"], "algo.envs_per_worker=0: each env server needs at least one env"),
+    (["env.atari=true"], "env.atari=true applies Atari preprocessing, and CartPole-v1 is not an Atari game"),
+    (["algo.num_steps=10", "algo.num_minibatches=3"], "a batch of 80 steps (workers=2 x algo.envs_per_worker=4 x "
+                                                      "algo.num_steps=10) does not split into algo.num_minibatches=3"),
+    (["algo.total_timesteps=100"], "algo.total_timesteps=100 is less than one batch (1024 steps)"),
+])
+def test_bad_settings_are_refused_in_one_line(tmp_path, args, message):
+    with pytest.raises(UsageError) as refused:
+        _train(tmp_path, "bad", ["env=cartpole", *args])
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_atari_setting_is_refused_by_es_and_leaves_es_fingerprints_alone(tmp_path):
+    from fiberrl.app import fingerprint
+    with pytest.raises(UsageError, match="env.atari=true: algo=es does not apply the Atari preprocessing"):
+        run(compose(["algo=es", "env=breakout"]), tmp_path / "es")
+    assert "atari" not in fingerprint(compose(["algo=es", "env=cartpole"]))["env"]
+    assert fingerprint(compose(["algo=ppo", "env=breakout"]))["env"]["atari"] is True
+    assert "workers" in fingerprint(compose(["algo=ppo"])) and "workers" not in fingerprint(compose(["algo=es"]))
+
+
+def test_presets_hold_cleanrls_settings():
+    atari = compose(["algo=ppo", "env=breakout"])
+    assert (atari.env.id, atari.env.atari, atari.workers * atari.algo.envs_per_worker, atari.algo.num_steps,
+            atari.algo.learning_rate, atari.algo.clip_coef, atari.algo.ent_coef) == \
+        ("ALE/Breakout-v5", True, 8, 128, 2.5e-4, 0.1, 0.01)
+    walker = compose(["+experiment=ppo_bipedal_walker"])
+    assert (walker.algo.name, walker.env.id, walker.algo.num_steps, walker.algo.num_minibatches,
+            walker.algo.update_epochs, walker.algo.clip_coef, walker.algo.ent_coef, walker.algo.norm_obs,
+            walker.algo.norm_reward, walker.algo.learning_rate) == \
+        ("ppo", "BipedalWalker-v3", 2048, 32, 10, 0.2, 0.0, True, True, 3e-4)
+    assert compose(["+experiment=ppo_cartpole"]).algo.clip_coef == 0.2
