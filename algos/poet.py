@@ -147,7 +147,7 @@ def best_transfer(incumbent_score: float, candidate_scores: dict) -> object | No
     """The candidate that beats the incumbent by scoring highest, or None."""
     if not candidate_scores:
         return None
-    best = max(candidate_scores, key=lambda key: (candidate_scores[key], -list(candidate_scores).index(key)))
+    best = max(candidate_scores, key=candidate_scores.get)  # the first of equals: max keeps the earliest
     return best if candidate_scores[best] > incumbent_score else None
 
 
