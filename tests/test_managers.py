@@ -318,10 +318,18 @@ def test_manager_streams_refuse_clients_without_the_secret(tmp_path):
         ports = listening_sockets(manager.pid)
         assert ports and all(ip == "127.0.0.1" for ip, _ in ports), ports
         frame = struct.pack("<Q", len(payload) + 25) + struct.pack("<BQQq", 2, 1, 1, 1) + payload
+        attempts = (frame, struct.pack("<Q", 32) + os.urandom(32) + struct.pack("<Q", 32) + os.urandom(32) + frame,
+                    payload)
         for _, port in ports:
-            for attempt in (frame, struct.pack("<Q", 32) + os.urandom(32) + struct.pack("<Q", 32) +
-                            os.urandom(32) + frame, payload):
+            for attempt in attempts:
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(attempt)
+                    time.sleep(0.05)
+        if stream.LOCAL_SOCKETS:  # the same listener's Unix socket, for processes on this host
+            for attempt in attempts:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(5)
+                    s.connect(f"\0fiberrl-stream/{manager.address}")
                     s.sendall(attempt)
                     time.sleep(0.05)
         real = auth.run_secret()

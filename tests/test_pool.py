@@ -173,6 +173,74 @@ def test_no_idle_worker_while_another_has_a_backlog():
         assert slow.get(30) not in quick
 
 
+def test_results_reach_callers_waiting_in_several_threads_at_once():
+    # one waiting caller reads the workers' messages for all; the others must still wake
+    with mp.Pool(3) as pool:
+        errors = []
+
+        def caller(offset):
+            try:
+                for i in range(40):
+                    x = offset + i
+                    assert pool.apply_async(add, (x, 1)).get(30) == x + 1
+                    assert pool.map_async(square, [x, x + 1], chunksize=1).get(30) == [x * x, (x + 1) ** 2]
+            except BaseException as exc:  # noqa: BLE001 -- reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(1000 * k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a caller never got its result"
+        assert errors == []
+
+
+def test_a_callback_may_wait_for_another_result():
+    with mp.Pool(2) as pool:
+        inner = []
+        done = threading.Event()
+
+        def on_first(value):
+            inner.append(pool.apply_async(square, (value,)).get(30))
+            done.set()
+
+        first = pool.apply_async(add, (2, 3), callback=on_first)
+        assert first.get(30) == 5
+        assert done.wait(30) and inner == [25]
+        # a callback run on the thread of a caller that is reading for its own result
+        seen = []
+        slow = pool.apply_async(pid_after, (0.3,))
+        pool.apply_async(add, (1, 1), callback=lambda v: seen.append(pool.apply_async(add, (v, v)).get(30)))
+        slow.get(30)
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [4]
+
+
+def big_result(i):
+    return bytes([i]) * (3 << 20)
+
+
+def test_results_larger_than_a_read_are_whole():
+    with mp.Pool(2) as pool:
+        results = pool.map(big_result, range(6), chunksize=1)
+        assert [len(r) for r in results] == [3 << 20] * 6
+        assert all(r == bytes([i]) * (3 << 20) for i, r in enumerate(results))
+
+
+def test_get_with_a_timeout_gives_up_then_still_gets_the_result():
+    with mp.Pool(1) as pool:
+        r = pool.apply_async(pid_after, (0.5,))
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            r.get(0.1)
+        assert time.monotonic() - start < 0.4
+        assert not r.ready()
+        assert isinstance(r.get(30), int) and r.ready() and r.successful()
+
+
 def test_maxtasksperchild_replaces_workers():
     with mp.Pool(1, maxtasksperchild=2) as pool:
         pids = [pool.apply(pid_after, (0,)) for _ in range(6)]

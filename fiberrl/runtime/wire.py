@@ -19,6 +19,7 @@ from pynng.exceptions import check_err
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
+_ONE_PART = _COUNT.pack(1)
 
 
 def dumps(obj) -> list:
@@ -35,6 +36,8 @@ def dumps(obj) -> list:
     except Exception:
         buffers.clear()
         stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    if not buffers:  # the common small case, without frames()'s general bookkeeping
+        return [_ONE_PART + _LENGTH.pack(len(stream)), stream]
     return frames([stream, *(b.raw() for b in buffers)])
 
 
@@ -46,7 +49,12 @@ def loads(data):
 
 def encode(obj) -> bytearray:
     """Serialise into one contiguous buffer (for storing or nesting)."""
-    return join(dumps(obj))
+    parts = dumps(obj)
+    if len(parts) == 2:
+        out = bytearray(parts[0])
+        out += parts[1]
+        return out
+    return join(parts)
 
 
 def join(parts) -> bytearray:

@@ -63,7 +63,7 @@ class Pool:
         return max(1, chunksize)
 
     def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None) -> AsyncResult:
-        result = AsyncResult(1, f"apply({_name(func)})", True, callback, error_callback)
+        result = AsyncResult(1, f"apply({_name(func)})", True, callback, error_callback, self._scheduler.pump)
         call = func if not kwds else _CallWithKeywords(func, kwds)
         self._job(call, [tuple(args)], 1, True, result)
         return result
@@ -73,7 +73,8 @@ class Pool:
 
     def _map_async(self, func, iterable, chunksize, star, callback, error_callback, kind) -> AsyncResult:
         items = list(iterable)
-        result = AsyncResult(len(items), f"{kind}({_name(func)})", False, callback, error_callback)
+        result = AsyncResult(len(items), f"{kind}({_name(func)})", False, callback, error_callback,
+                             self._scheduler.pump)
         if items:
             self._job(func, items, self._chunksize(len(items), chunksize), star, result)
         return result

@@ -2,6 +2,7 @@
 of results arrive from the workers."""
 from __future__ import annotations
 
+import _thread
 import collections
 import logging
 import threading
@@ -38,7 +39,6 @@ class Job:
     def __init__(self, n: int, description: str):
         self.n = n
         self.description = description
-        self._cond = threading.Condition()
 
     def deliver(self, start: int, values: list) -> None:
         raise NotImplementedError
@@ -53,19 +53,51 @@ class Job:
         return True
 
 
+class _Latch:
+    """Set once, waking every waiter: an Event made of one bare lock, as one
+    is made per task (Event builds a Condition in Python)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self):
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            self._lock.release()  # for the next waiter
+            return True
+        return self._set
+
+
 class AsyncResult(Job):
     """Result of ``apply_async`` and ``map_async``, as in multiprocessing."""
 
-    def __init__(self, n: int, description: str, single: bool, callback=None, error_callback=None):
+    def __init__(self, n: int, description: str, single: bool, callback=None, error_callback=None, pump=None):
+        """``pump``: the pool's StreamPump, read by a caller waiting here."""
         super().__init__(n, description)
+        self._lock = threading.Lock()
+        self._pump = pump
         self._single = single
         self._values: list = [None] * n
         self._missing = n
         self._error: BaseException | None = None
         self._callback = callback
         self._error_callback = error_callback
-        self._event = threading.Event()
+        self._event = _Latch()
+        self._finished = False  # under self._lock: the one who sets it finishes
         if n == 0:
+            self._finished = True
             self._finish()
 
     def ready(self) -> bool:
@@ -77,34 +109,53 @@ class AsyncResult(Job):
         return self._error is None
 
     def wait(self, timeout: float | None = None) -> None:
-        self._event.wait(timeout)
+        self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> bool:
+        if self._event.is_set():
+            return True
+        pump = self._pump
+        if pump is None:
+            return self._event.wait(timeout)
+        done = pump.wait(self._event.is_set, timeout)
+        if done is not None:
+            return done
+        pump.waiting_on_another(1)
+        try:
+            return self._event.wait(timeout)
+        finally:
+            pump.waiting_on_another(-1)
 
     def get(self, timeout: float | None = None):
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise TimeoutError(f"{self.description} not ready after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._values[0] if self._single else self._values
 
     def deliver(self, start: int, values: list) -> None:
-        with self._cond:
-            if self._event.is_set():
+        with self._lock:
+            if self._finished:
                 return
             self._values[start:start + len(values)] = values
             self._missing -= len(values)
-            done = self._missing == 0
-        if done:
-            self._finish()
+            if self._missing:
+                return
+            self._finished = True
+        self._finish()
 
     def fail(self, start: int, count: int, error: BaseException) -> None:
-        with self._cond:
-            if self._event.is_set():
+        with self._lock:
+            if self._finished:
                 return
             self._error = error
+            self._finished = True
         self._finish()
 
     def _finish(self) -> None:
         self._event.set()
+        if self._pump is not None:
+            self._pump.result_ready()
         try:
             if self._error is None and self._callback is not None:
                 self._callback(self._values[0] if self._single else self._values)
@@ -119,6 +170,7 @@ class IMapIterator(Job):
 
     def __init__(self, description: str, ordered: bool, lookahead: int):
         super().__init__(-1, description)
+        self._cond = threading.Condition()
         self._ordered = ordered
         self._lookahead = lookahead
         self._ready: dict[int, tuple] = {}

@@ -3,8 +3,10 @@ them, collects results, and replaces workers that die without losing or
 repeating a result.
 
 Each worker talks to the pool over one authenticated stream
-(:mod:`fiberrl.runtime.stream`) whose thread runs :meth:`handle` on the
-worker's requests; a stream that ends is a worker lost.  Callers of the Pool
+(:mod:`fiberrl.runtime.stream`); the pool's :class:`StreamPump` reads them
+all and runs :meth:`handle` on the workers' requests, on the thread of a
+caller waiting for a result when there is one; a stream that ends is a
+worker lost.  Callers of the Pool
 API run :meth:`submit`; one manager thread per pool starts and replaces
 workers and pulls lazy (imap) input.  All state is under one lock; replies
 are sent after it is released.
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import pickle
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from .. import wire
 from ..backends import listen_host
 from ..process import Process
 from ..stream import Listener, Stream, StreamClosed
+from .pump import StreamPump
 from ..transport import CLOSED, OK
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
-from .worker import W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
+from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 
 log = logging.getLogger("fiberrl.pool")
 RUN, CLOSE, TERMINATE = "run", "close", "terminate"
@@ -131,7 +133,8 @@ class Scheduler:
         self._broken: str | None = None
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
         self._stream_ids = itertools.count(1)
-        self._listener = Listener(listen_host(), self._serve_worker)
+        self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
+        self._listener = Listener(listen_host(), self._serve_worker, hand_off=True)
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()
 
@@ -192,16 +195,16 @@ class Scheduler:
         if self._broken:
             raise RuntimeError(self._broken)
 
-    # --- the workers' requests (one thread per worker's stream) ------------
+    # --- the workers' requests (on whichever thread reads the streams) ------
     def _serve_worker(self, stream: Stream) -> None:
-        stream_id = next(self._stream_ids)
-        try:
-            while True:
-                self.handle(WorkerRequest(stream, stream_id, stream.recv()))
-        except StreamClosed:
-            pass
-        finally:
-            self._worker_stream_ended(stream_id)
+        self.pump.add(stream, next(self._stream_ids))
+
+    def _on_frames(self, stream: Stream, stream_id: int, frames) -> None:
+        for frame in frames:
+            self.handle(WorkerRequest(stream, stream_id, frame))
+
+    def _on_stream_closed(self, _stream: Stream, stream_id: int) -> None:
+        self._worker_stream_ended(stream_id)
 
     def handle(self, request: WorkerRequest) -> None:
         op = request.op
@@ -234,7 +237,7 @@ class Scheduler:
 
     def _on_results(self, request: WorkerRequest, ask: bool) -> None:
         parts = wire.split(request.body)
-        reports = pickle.loads(parts[0])
+        reports = REPORT.iter_unpack(parts[0])
         delivered = []
         with self._lock:
             worker = self._by_stream.get(request.stream_id)
@@ -257,11 +260,12 @@ class Scheduler:
             else:
                 self._classify(worker)
                 replies = self._dispatch()
-            if self._lazy or not self._pending:
-                self._wake.notify_all()
+            if (self._lazy and len(self._pending) < self._watermark()) or \
+                    (self.state == CLOSE and not self._pending and not self._lazy):
+                self._wake.notify_all()  # more input to pull, or the close may be complete
+        _send(replies)  # the worker's next work first: unpickling results may take a while
         for chunk, ok, blob in delivered:
             _deliver(chunk, ok, blob)
-        _send(replies)
 
     def _worker_stream_ended(self, stream_id: int) -> None:
         """A worker's stream ended: the worker is lost."""
@@ -297,9 +301,9 @@ class Scheduler:
                 if new_func:
                     worker.funcs.add(chunk.func_id)
                     blobs.append(self._funcs[chunk.func_id])
-                meta.append((chunk.id, chunk.func_id, new_func, chunk.star))
+                meta.append(CHUNK.pack(chunk.id, chunk.func_id, new_func, chunk.star))
                 blobs.append(chunk.args)
-            replies.append((request, OK, wire.frames([pickle.dumps(meta), *blobs])))
+            replies.append((request, OK, wire.frames([b"".join(meta), *blobs])))
         return replies
 
     def _retire_if_done(self, worker: Worker) -> list:
@@ -463,6 +467,7 @@ class Scheduler:
         for worker in list(self._workers.values()):
             worker.process.join()
         self._listener.close()
+        self.pump.close()
 
     def terminate(self) -> None:
         with self._lock:
@@ -480,6 +485,7 @@ class Scheduler:
             worker.process.join(10)
         self._fail_everything(PoolTerminated("the pool was terminated before this result arrived"))
         self._listener.close()
+        self.pump.close()
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._lock:

@@ -10,7 +10,6 @@ which chunk was running when a worker died.
 """
 from __future__ import annotations
 
-import pickle
 import struct
 import traceback
 
@@ -22,6 +21,11 @@ from ..transport import OK
 
 W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
 WORKER_ID = struct.Struct("<q")
+# what the master says of each chunk it sends: id, function id, whether the
+# function's pickle comes with it, whether its tasks take *args
+CHUNK = struct.Struct("<qq??")
+# what a worker says of each result it sends: chunk id, whether it succeeded
+REPORT = struct.Struct("<q?")
 
 
 def encode_error(exc: BaseException) -> bytearray:
@@ -72,13 +76,13 @@ def run_worker(master: str, worker_id: int, initializer, initargs) -> None:
         status, payload = ask(W_GET)
         while status == OK:  # anything else: the master retires this worker
             parts = wire.split(payload)
-            batch = pickle.loads(parts[0])
+            batch = list(CHUNK.iter_unpack(parts[0]))
             blobs = iter(parts[1:])
             for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
                 if has_func:
                     funcs[func_id] = load_function(next(blobs))
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
-                report = wire.frames([pickle.dumps([(chunk_id, ok)]), blob])
+                report = wire.frames([REPORT.pack(chunk_id, ok), blob])
                 if i + 1 < len(batch):
                     stream.send([bytes((W_RESULT,)), *report])
                 else:
