@@ -44,6 +44,9 @@ class RuntimeConfig:
     dies is seen at once (its connection closes); this only catches a hung
     parent or a vanished host, and must outlast a loaded machine: 256 busy
     workers on 2 cores left heartbeats unanswered for over 3 s."""
+    local_fork_server: bool = True
+    """Start local jobs by forking a process that has already imported the
+    runtime (several times faster); false: a fresh interpreter per job."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
     log_level: str = "WARNING"

@@ -14,7 +14,6 @@ import logging
 import multiprocessing.spawn
 import os
 import pickle
-import sys
 import threading
 import uuid
 
@@ -22,12 +21,12 @@ import cloudpickle
 
 from . import auth
 from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
+from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
 from .hub import get_hub
 from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
 
-CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
 PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
 PROCESS_ID_ENV = "FIBERRL_PROCESS_ID"
 CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"

@@ -7,7 +7,11 @@ import abc
 import codecs
 import enum
 import os
+import sys
 from dataclasses import dataclass, field
+
+# what every job-backed process runs
+CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
 
 # what a job on another machine or in a container inherits from this
 # process's environment: its own variables would name paths of this host

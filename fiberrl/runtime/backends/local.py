@@ -5,11 +5,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
 
-from .base import Backend, Job, JobSpec, JobStatus
+from .base import CHILD_COMMAND, Backend, Job, JobSpec, JobStatus
+from .forkserver import ForkServer
 
 
 def visible_gpus() -> list[str]:
@@ -34,6 +36,7 @@ class LocalBackend(Backend):
         self._gpus: list[str] | None = None
         self._gpu_load: Counter = Counter()
         self._lock = threading.Lock()
+        self._fork_server: ForkServer | None = None
 
     def listen_host(self) -> str:
         return "127.0.0.1"
@@ -62,10 +65,34 @@ class LocalBackend(Backend):
         if spec.gpu:
             gpus = self._assign_gpus(spec.gpu)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, close_fds=True)
+        popen = self._fork(spec.command, env, spec.cwd) or \
+            subprocess.Popen(spec.command, env=env, cwd=spec.cwd, close_fds=True)
         popen.gpus = gpus
         return Job(id=f"local-{popen.pid}-{uuid.uuid4().hex[:6]}", spec=spec, pid=popen.pid,
                    host="127.0.0.1", handle=popen)
+
+    def _fork(self, command: list[str], env: dict, cwd: str):
+        """The job forked from the fork server, or None where it must be a fresh interpreter."""
+        from ..config import get_config
+        if not get_config().local_fork_server or command != CHILD_COMMAND or sys.platform != "linux":
+            return None
+        with self._lock:
+            if self._fork_server is None or not self._fork_server.alive:
+                self._fork_server = ForkServer()
+            server = self._fork_server
+        if env.get("PYTHONPATH", "") != server.python_path:
+            return None  # the server's sys.path would not be the job's
+        try:
+            return server.start(env, cwd)
+        except OSError:
+            return None
+
+    def cleanup(self, owner: str) -> None:
+        # at exit, after this process stopped its children: the fork server goes too
+        with self._lock:
+            server, self._fork_server = self._fork_server, None
+        if server is not None:
+            server.close()
 
     def status(self, job: Job):
         code = job.handle.poll()

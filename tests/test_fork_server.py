@@ -1,0 +1,115 @@
+"""Local jobs forked from a fork server: the job's own environment, working
+directory and terminal; exit codes; the server's loss; and the fallbacks."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from conftest import pid_alive, wait_until
+from fiberrl.runtime.config import reset
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
+
+
+@pytest.fixture(autouse=True)
+def fresh_config():
+    reset()
+    yield
+    reset()
+
+
+def report(q):
+    q.put((os.getpid(), os.getppid(), os.getcwd(), os.environ.get("FIBERRL_TEST_LATE")))
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def run_report(q):
+    p = mp.Process(target=report, args=(q,))
+    p.start()
+    result = q.get(timeout=60)
+    p.join(30)
+    assert p.exitcode == 0
+    return result
+
+
+def test_a_job_has_its_own_environment_and_directory(tmp_path, monkeypatch):
+    q = mp.Queue()
+    first = run_report(q)  # starts the server
+    assert first[1] != os.getpid(), "not forked from the fork server"
+    server = first[1]
+    # set after the server started: the job must still see them
+    monkeypatch.setenv("FIBERRL_TEST_LATE", "late")
+    monkeypatch.chdir(tmp_path)
+    pid, ppid, cwd, late = run_report(q)
+    assert ppid == server
+    assert cwd == str(tmp_path) and late == "late"
+
+
+def exit_with(code):
+    sys.exit(code)
+
+
+def sleep_forever():
+    time.sleep(600)
+
+
+def test_exit_codes_and_signals_of_forked_jobs():
+    codes = []
+    for code in (0, 3):
+        p = mp.Process(target=exit_with, args=(code,))
+        p.start()
+        p.join(30)
+        codes.append(p.exitcode)
+    p = mp.Process(target=sleep_forever)
+    p.start()
+    time.sleep(0.2)
+    p.terminate()
+    p.join(30)
+    codes.append(p.exitcode)
+    assert codes == [0, 3, -signal.SIGTERM]
+
+
+def print_line(text):
+    print(text, flush=True)
+    os.write(2, f"{text} on stderr\n".encode())
+
+
+def test_a_job_prints_where_this_process_prints_now(capfd):
+    with capfd.disabled():  # a server started now holds the terminal, not the capture
+        p = mp.Process(target=exit_with, args=(0,))
+        p.start()
+        p.join(30)
+    p = mp.Process(target=print_line, args=("hello from a forked job",))
+    p.start()
+    p.join(30)
+    out, err = capfd.readouterr()
+    assert "hello from a forked job" in out and "hello from a forked job on stderr" in err
+
+
+def test_jobs_die_with_a_killed_fork_server_and_a_pool_replaces_them():
+    with mp.Pool(2) as pool:
+        assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+        workers = [p for p in mp.active_children() if p.name.startswith("PoolWorker")]
+        server = parent_of(workers[0].pid)
+        assert server != os.getpid()
+        os.kill(server, signal.SIGKILL)
+        assert wait_until(lambda: not any(pid_alive(w.pid) for w in workers), 30), "jobs outlived their server"
+        assert all(w.exitcode == -signal.SIGKILL for w in workers)
+        assert pool.map(abs, range(-20, 0)) == list(range(20, 0, -1))  # replacements, from a new server
+        assert pool.statistics().worker_restarts >= 2
+
+
+def test_fresh_interpreters_when_switched_off_or_when_the_python_path_differs(monkeypatch):
+    q = mp.Queue()
+    mp.configure(local_fork_server=False)
+    assert run_report(q)[1] == os.getpid()
+    reset()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), "/nonexistent"])))
+    assert run_report(q)[1] == os.getpid()
