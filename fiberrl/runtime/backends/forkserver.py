@@ -63,6 +63,7 @@ class ForkServer:
         theirs.close()
         self._sock = ours
         self.python_path = os.environ.get("PYTHONPATH", "")
+        self.owner_pid = os.getpid()  # a forked copy of this process must start its own
         self._lock = threading.Lock()  # one request at a time: the pid reply follows its request
         self._started = threading.Condition(threading.Lock())
         self._new: list[ForkedProcess] = []  # started, not yet handed to the requester
@@ -72,7 +73,7 @@ class ForkServer:
         self._reader.start()
 
     def close(self) -> None:
-        """Stop the server (the jobs it started run on) and its reader thread."""
+        """Stop the server and its reader thread; jobs still running die with the server."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -77,7 +77,8 @@ class LocalBackend(Backend):
         if not get_config().local_fork_server or command != CHILD_COMMAND or sys.platform != "linux":
             return None
         with self._lock:
-            if self._fork_server is None or not self._fork_server.alive:
+            server = self._fork_server
+            if server is None or not server.alive or server.owner_pid != os.getpid():
                 self._fork_server = ForkServer()
             server = self._fork_server
         if env.get("PYTHONPATH", "") != server.python_path:
