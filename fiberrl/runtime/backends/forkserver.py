@@ -147,6 +147,14 @@ def serve() -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job's parent to handle
+    try:
+        _serve(sock, wake_read, wake_write)
+    except OSError:  # the parent is gone (its socket closed or reset)
+        pass
+    os._exit(0)  # the jobs still running die with this process
+
+
+def _serve(sock: socket.socket, wake_read: int, wake_write: int) -> None:
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [])
         if wake_read in ready:
@@ -158,13 +166,16 @@ def serve() -> None:
         if sock in ready:
             message, fds, _, _ = socket.recv_fds(sock, _MESSAGE, 3)
             if not message:
-                os._exit(0)  # the parent is gone; its jobs follow it through their lifelines
+                return
             env, cwd = pickle.loads(message)
             server_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _die_with(server_pid)
-                _run_job(env, cwd, fds, [sock.fileno(), wake_read, wake_write])
+                try:
+                    _die_with(server_pid)
+                    _run_job(env, cwd, fds, [sock.fileno(), wake_read, wake_write])
+                finally:
+                    os._exit(1)  # never back into the server's loop
             for fd in fds:
                 os.close(fd)
             sock.send(pickle.dumps(("started", pid, None)))
