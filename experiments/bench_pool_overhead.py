@@ -1,14 +1,17 @@
 """Framework overhead after the Fiber paper: 5 workers, tasks of 1 s, 100 ms,
 10 ms and 1 ms, in waves of 5 ``apply_async`` each awaited, 1 s of ideal
 work per duration.  Prints elapsed / ideal for fiberrl and, in the same
-run, multiprocessing (spawn and fork), and Ray's Pool and Dask when they are
-installed.
+run, multiprocessing (spawn and fork), bare sockets between forked processes
+(the floor of the machine), and Ray's Pool and Dask when they are installed.
 
     python experiments/bench_pool_overhead.py [--durations 1,0.1,0.01,0.001] [--repeat 3]
 """
 import argparse
 import importlib.util
 import multiprocessing
+import os
+import pickle
+import socket
 import statistics
 import time
 
@@ -32,6 +35,47 @@ def run_waves(pool, duration: float) -> float:
     return (time.perf_counter() - start) / (waves * duration)
 
 
+class BareSockets:
+    """The floor of this machine: forked processes, one socketpair each, pickle
+    and nothing else (no fault tolerance, no scheduling): what any pool pays
+    for processes waking and messages crossing, before its own code."""
+
+    def __init__(self):
+        self._socks, self._pids, self._next = [], [], 0
+        for _ in range(WORKERS):
+            ours, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                while message := theirs.recv(1 << 16):
+                    func, args = pickle.loads(message)
+                    theirs.send(pickle.dumps(func(*args)))
+                os._exit(0)
+            theirs.close()
+            self._socks.append(ours)
+            self._pids.append(pid)
+
+    def apply_async(self, func, args):
+        sock = self._socks[self._next % WORKERS]  # a wave's tasks go to different workers
+        self._next += 1
+        sock.send(pickle.dumps((func, args)))
+        return _BareReply(sock)
+
+    def terminate(self):
+        for sock in self._socks:
+            sock.close()
+        for pid in self._pids:
+            os.waitpid(pid, 0)
+
+
+class _BareReply:
+    def __init__(self, sock):
+        self._sock = sock
+
+    def get(self):
+        return pickle.loads(self._sock.recv(1 << 16))
+
+
 def fiberrl_pool():
     import fiberrl.runtime as frl
     pool = frl.Pool(WORKERS)
@@ -44,6 +88,7 @@ def peers():
     yield "fiberrl", fiberrl_pool
     yield "multiprocessing (spawn)", lambda: multiprocessing.get_context("spawn").Pool(WORKERS)
     yield "multiprocessing (fork)", lambda: multiprocessing.get_context("fork").Pool(WORKERS)
+    yield "bare sockets (the floor)", BareSockets
     if importlib.util.find_spec("ray"):
         def ray_pool():
             import ray
