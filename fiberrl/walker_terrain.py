@@ -96,6 +96,14 @@ class TerrainEncoding:
         return ", ".join(parts)
 
 
+MIN_OBSTACLE_AREA = 1e-4
+
+
+def _area(vertices) -> float:
+    """A polygon's area (shoelace)."""
+    return abs(sum(x0 * y1 - x1 * y0 for (x0, y0), (x1, y1) in zip(vertices, vertices[1:] + vertices[:1]))) / 2
+
+
 class TerrainWalker(BipedalWalker):
     """``BipedalWalker-v3`` whose terrain ``encoding`` describes."""
 
@@ -109,6 +117,8 @@ class TerrainWalker(BipedalWalker):
         EzPickle.__init__(self, render_mode, encoding)
 
     def _obstacle(self, vertices) -> None:
+        if _area(vertices) < MIN_OBSTACLE_AREA:
+            return  # a stump drawn at height ~0 is flat ground, and Box2D refuses a polygon without area
         self.fd_polygon.shape.vertices = vertices
         body = self.world.CreateStaticBody(fixtures=self.fd_polygon)
         body.color1, body.color2 = OBSTACLE_COLOURS

@@ -55,6 +55,16 @@ def test_every_encoding_builds_runs_and_renders(encoding):
     env.close()
 
 
+def test_stumps_drawn_at_height_zero_are_flat_ground():
+    # stump heights drawn from (0, tiny): Box2D would refuse the polygons (found in a long run)
+    env = make_terrain_env(TerrainEncoding(stump_height_low=0.0, stump_height_high=1e-6).to_dict(),
+                           max_episode_steps=10)
+    for seed in range(5):
+        env.reset(seed=seed)
+        assert env.unwrapped.obstacle_polygons() == []
+    env.close()
+
+
 def test_same_seed_same_terrain():
     encoding = TerrainEncoding(roughness=3, pit_gap_low=1, pit_gap_high=3)
     outlines = []
