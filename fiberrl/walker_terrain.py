@@ -101,7 +101,8 @@ MIN_OBSTACLE_AREA = 1e-4
 
 def _area(vertices) -> float:
     """A polygon's area (shoelace)."""
-    return abs(sum(x0 * y1 - x1 * y0 for (x0, y0), (x1, y1) in zip(vertices, vertices[1:] + vertices[:1]))) / 2
+    pairs = zip(vertices, vertices[1:] + vertices[:1], strict=True)
+    return abs(sum(x0 * y1 - x1 * y0 for (x0, y0), (x1, y1) in pairs)) / 2
 
 
 class TerrainWalker(BipedalWalker):

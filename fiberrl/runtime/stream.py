@@ -173,14 +173,22 @@ class Stream:
 
 def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
     """Open an authenticated stream to ``address`` ("host:port")."""
-    stream = _connect_local(address, timeout)
-    if stream is None:
-        host, _, port = address.rpartition(":")
+    local = _connect_local(address, timeout)
+    if local is not None:
         try:
-            sock = socket.create_connection((host, int(port)), timeout=timeout)
-        except OSError as exc:
-            raise StreamClosed(f"cannot reach {address}: {exc}") from None
-        stream = Stream(sock)
+            return _authenticate(local, address)
+        except (PermissionError, StreamClosed):
+            pass  # another process holds the name, or the listener went: TCP decides
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as exc:
+        raise StreamClosed(f"cannot reach {address}: {exc}") from None
+    return _authenticate(Stream(sock), address)
+
+
+def _authenticate(stream: Stream, address: str) -> Stream:
+    """The client's half of the mutual handshake; the stream is closed if it fails."""
     try:
         secret = auth.run_secret()
         client_nonce = auth.new_nonce()
@@ -234,8 +242,12 @@ class Listener:
         self._local = None
         if LOCAL_SOCKETS:
             self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._local.bind(_local_name(self.address))
-            self._local.listen(128)
+            try:
+                self._local.bind(_local_name(self.address))
+                self._local.listen(128)
+            except OSError:  # the name is taken (by a process squatting on it): TCP only
+                self._local.close()
+                self._local = None
         for sock in (self._sock, self._local):
             if sock is not None:
                 threading.Thread(target=self._accept, args=(sock,), name="fiberrl-stream-accept",
