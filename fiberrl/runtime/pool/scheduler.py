@@ -6,10 +6,9 @@ Each worker talks to the pool over one authenticated stream
 (:mod:`fiberrl.runtime.stream`); the pool's :class:`StreamPump` reads them
 all and runs :meth:`handle` on the workers' requests, on the thread of a
 caller waiting for a result when there is one; a stream that ends is a
-worker lost.  Callers of the Pool
-API run :meth:`submit`; one manager thread per pool starts and replaces
-workers and pulls lazy (imap) input.  All state is under one lock; replies
-are sent after it is released.
+worker lost.  Callers of the Pool API run :meth:`submit`; one manager
+thread per pool starts and replaces workers and pulls lazy (imap) input.
+All state is under one lock; replies are sent after it is released.
 """
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ from .. import wire
 from ..backends import listen_host
 from ..process import Process
 from ..stream import Listener, Stream, StreamClosed
-from .pump import StreamPump
 from ..transport import CLOSED, OK
+from .pump import StreamPump
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
 from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 
