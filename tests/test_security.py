@@ -9,6 +9,7 @@ import pytest
 
 import fiberrl.runtime as mp
 from fiberrl.runtime import stream, transport, wire
+from conftest import wait_until
 
 
 def listening_sockets(pid: int) -> list[tuple[str, int]]:
@@ -188,7 +189,8 @@ def test_a_process_squatting_on_a_listeners_unix_name_is_passed_by():
     listener = stream.Listener("127.0.0.1", lambda s: served.append(s.recv()))
     stream._close(listener._local)  # what a squatter would have taken
     impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    impostor.bind(f"\0fiberrl-stream/{listener.address}")
+    # the name is free once the listener's accept thread has let go of the closed socket
+    assert wait_until(lambda: _try_bind(impostor, f"\0fiberrl-stream/{listener.address}"), 10)
     impostor.listen(1)
 
     def pretend():
@@ -208,3 +210,11 @@ def test_a_process_squatting_on_a_listeners_unix_name_is_passed_by():
     client.close()
     impostor.close()
     listener.close()
+
+
+def _try_bind(sock: socket.socket, name: str) -> bool:
+    try:
+        sock.bind(name)
+        return True
+    except OSError:
+        return False
