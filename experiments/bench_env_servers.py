@@ -2,14 +2,17 @@
 lockstep from one learner, against gymnasium's AsyncVectorEnv with the same
 N environments, in the same run.
 
-    python experiments/bench_env_servers.py [--envs cartpole,breakout] [--servers 1,2,4,8] [--seconds 5]
+    python experiments/bench_env_servers.py [--envs cartpole,breakout] [--servers 1,2,4,8] [--seconds 5] [--rounds 10]
 
 Both sides reset an environment inside the step that ends its episode (the
-vector env's autoreset), so each step is one round trip per environment.
+vector env's autoreset), so each step is one round trip per environment.  Both sides are built
+first and then timed in alternating slices, so drifts in the load of a
+shared machine fall on both.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import gymnasium as gym
@@ -51,65 +54,80 @@ class EnvServer(AsyncManager):
 EnvServer.register("Env", AutoResetEnv)
 
 
-def time_steps(step, seconds: float) -> float:
-    """Steps per second of ``step()`` (which steps every env once) over about ``seconds``."""
-    for _ in range(20):  # warm up
-        step()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(20):
+class Stepper:
+    """Steps every env once per call and counts env steps and the time spent."""
+
+    def __init__(self, step, n: int):
+        self.step, self.n = step, n
+        self.steps, self.elapsed = 0, 0.0
+        for _ in range(20):  # warm up
             step()
-        n += 20
-    return n / (time.perf_counter() - start)
+
+    def run(self, seconds: float) -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(20):
+                self.step()
+            self.steps += 20 * self.n
+        self.elapsed += time.perf_counter() - start
+
+    def rate(self) -> float:
+        return self.steps / self.elapsed
 
 
-def bench_servers(env_id: str, n: int, seconds: float) -> float:
+def servers_stepper(stack: contextlib.ExitStack, env_id: str, n: int) -> Stepper:
     servers = [EnvServer() for _ in range(n)]
     for server in servers:
         server.start()
-    try:
-        envs = [server.Env(env_id, i) for i, server in enumerate(servers)]
-        for handle in [env.reset() for env in envs]:
-            handle.get()
-        action_space = make_env(env_id).action_space
-        rng = np.random.default_rng(0)
+        stack.callback(server.shutdown)
+    envs = [server.Env(env_id, i) for i, server in enumerate(servers)]
+    for handle in [env.reset() for env in envs]:
+        handle.get()
+    action_space = make_env(env_id).action_space
+    rng = np.random.default_rng(0)
 
-        def step():
-            actions = rng.integers(action_space.n, size=n)
-            handles = [env.step(int(a)) for env, a in zip(envs, actions, strict=False)]
-            return [h.get() for h in handles]
+    def step():
+        actions = rng.integers(action_space.n, size=n)
+        handles = [env.step(int(a)) for env, a in zip(envs, actions, strict=False)]
+        return [h.get() for h in handles]
 
-        return time_steps(step, seconds) * n
-    finally:
-        for server in servers:
-            server.shutdown()
+    return Stepper(step, n)
 
 
-def bench_vector(env_id: str, n: int, seconds: float) -> float:
+def vector_stepper(stack: contextlib.ExitStack, env_id: str, n: int) -> Stepper:
     envs = gym.vector.AsyncVectorEnv([lambda: make_env(env_id)] * n)
-    try:
-        envs.reset(seed=0)
-        rng = np.random.default_rng(0)
+    stack.callback(envs.close)
+    envs.reset(seed=0)
+    rng = np.random.default_rng(0)
 
-        def step():
-            return envs.step(rng.integers(envs.single_action_space.n, size=n))
+    def step():
+        return envs.step(rng.integers(envs.single_action_space.n, size=n))
 
-        return time_steps(step, seconds) * n
-    finally:
-        envs.close()
+    return Stepper(step, n)
+
+
+def compare(env_id: str, n: int, seconds: float, rounds: int) -> tuple[float, float]:
+    """Steps/s of both, measured in alternating slices so a change in the
+    machine's load falls on both alike."""
+    with contextlib.ExitStack() as stack:
+        ours, theirs = servers_stepper(stack, env_id, n), vector_stepper(stack, env_id, n)
+        for _ in range(rounds):
+            ours.run(seconds / rounds)
+            theirs.run(seconds / rounds)
+        return ours.rate(), theirs.rate()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="cartpole,breakout")
     parser.add_argument("--servers", default="1,2,4,8")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per side and N")
+    parser.add_argument("--rounds", type=int, default=10, help="alternating slices the seconds are cut into")
     args = parser.parse_args()
     print(f"{'env':10} {'N':>3} {'fiberrl steps/s':>16} {'AsyncVectorEnv':>15} {'ratio':>6}")
     for name in args.envs.split(","):
         for n in map(int, args.servers.split(",")):
-            ours = bench_servers(ENV_IDS[name], n, args.seconds)
-            theirs = bench_vector(ENV_IDS[name], n, args.seconds)
+            ours, theirs = compare(ENV_IDS[name], n, args.seconds, args.rounds)
             print(f"{name:10} {n:3d} {ours:16.0f} {theirs:15.0f} {ours / theirs:6.2f}", flush=True)
 
 

@@ -218,6 +218,38 @@ def test_async_handles_can_be_collected_in_any_order():
         assert results == {k: [(k, j) for j in range(20)] for k in range(4)}
 
 
+def test_handles_of_one_stream_collected_by_several_threads_at_once():
+    """One thread reads the stream while the others wait for it to file their replies."""
+    with SleeperManager() as manager:
+        sleeper = manager.Sleeper()
+        handles = [sleeper.echo(i, 0.002 * (i % 3)) for i in range(200)]
+        results = {}
+
+        def collect(k):
+            results[k] = [handles[i].get(timeout=30) for i in range(199 - k, -1, -4)]
+        threads = [threading.Thread(target=collect, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == {k: list(range(199 - k, -1, -4)) for k in range(4)}
+
+
+def test_a_forked_child_uses_streams_of_its_own():
+    with SleeperManager() as manager:
+        sleeper = manager.Sleeper()
+        pending = sleeper.echo("parent's", 0.3)  # its reply is due on the stream open at the fork
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if sleeper.echo("child's").get(timeout=10) == "child's" else 1
+            finally:
+                os._exit(code)
+        assert pending.get(timeout=10) == "parent's"
+        assert os.waitpid(pid, 0)[1] == 0
+
+
 def test_killed_async_manager_fails_pending_calls_promptly_and_restarts():
     manager = SleeperManager()
     manager.start()

@@ -7,11 +7,21 @@ out-of-band transfer (numpy arrays among them) are written after the pickle
 stream instead of being copied into it.  On receive the whole message is
 copied once into a bytearray, so arrays come back writable, as they do from
 ``multiprocessing``.
+
+numpy arrays are reduced to (buffer, dtype string, shape) rather than by
+numpy's own ``__reduce_ex__``, which pickles the dtype object: that halves
+the cost of a message carrying a small array (an observation), ~4.6 us
+against ~2.1 us measured here.
 """
 from __future__ import annotations
 
+import copyreg
+import importlib
+import io
 import pickle
 import struct
+import sys
+import threading
 
 import cloudpickle
 from pynng import ffi, lib
@@ -20,21 +30,83 @@ from pynng.exceptions import check_err
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _ONE_PART = _COUNT.pack(1)
+# buffers up to this size are copied into the pickle stream: cheaper than framing them apart
+IN_BAND = 4096
+
+
+def _array(buffer, dtype: str, shape: tuple):
+    numpy = sys.modules.get("numpy") or importlib.import_module("numpy")
+    array = numpy.frombuffer(buffer, dtype).reshape(shape)
+    # a read-only array arrives in a read-only buffer; multiprocessing gives a writable copy
+    return array if array.flags.writeable else array.copy()
+
+
+def _reduce_array(array):
+    dtype = array.dtype
+    if dtype.isbuiltin == 1 and not dtype.hasobject and array.flags.c_contiguous:
+        return _array, (pickle.PickleBuffer(array), dtype.str, array.shape)
+    return array.__reduce_ex__(5)  # structured, object or strided: numpy's own way
+
+
+class _Pickler:
+    """One thread's pickler with the array reducer, reused: making a Pickler
+    per message costs more than the reducer saves on messages without arrays."""
+
+    def __init__(self, ndarray):
+        class Pickler(pickle.Pickler):
+            dispatch_table = {**copyreg.dispatch_table, ndarray: _reduce_array}
+        self.file = io.BytesIO()
+        self.buffers: list = []
+        self.pickler = Pickler(self.file, protocol=5, buffer_callback=self._keep)
+        self.busy = False
+
+    def _keep(self, buffer) -> bool:
+        if buffer.raw().nbytes <= IN_BAND:
+            return True
+        self.buffers.append(buffer)
+        return False
+
+    def dumps(self, obj) -> tuple[bytes, list]:
+        self.busy = True  # a reducer that itself sends a message gets a pickler of its own
+        try:
+            self.file.seek(0)
+            self.file.truncate()
+            self.buffers = []
+            self.pickler.clear_memo()
+            self.pickler.dump(obj)
+            return self.file.getvalue(), self.buffers
+        finally:
+            self.busy = False
+
+
+_picklers = threading.local()
+
+
+def _pickle(obj) -> tuple[bytes, list]:
+    numpy = sys.modules.get("numpy")
+    if numpy is None:  # no arrays can be in it: the plain C pickler
+        buffers: list = []
+        return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
+    pickler = getattr(_picklers, "pickler", None)
+    if pickler is None or pickler.busy:
+        pickler = _Pickler(numpy.ndarray)
+        if getattr(_picklers, "pickler", None) is None:
+            _picklers.pickler = pickler
+    return pickler.dumps(obj)
 
 
 def dumps(obj) -> list:
     """Serialise ``obj`` into a list of buffers to be concatenated on the wire:
     the pickle stream and its out-of-band buffers, framed by :func:`frames`."""
-    buffers: list[pickle.PickleBuffer] = []
     try:
         # the C pickler is several times faster; what it would send by
         # reference from __main__ (or cannot pickle at all) goes through
         # cloudpickle, which sends it by value
-        stream = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        stream, buffers = _pickle(obj)
         if b"__main__" in stream:
             raise pickle.PicklingError("refers to __main__")
     except Exception:
-        buffers.clear()
+        buffers = []
         stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     if not buffers:  # the common small case, without frames()'s general bookkeeping
         return [_ONE_PART + _LENGTH.pack(len(stream)), stream]

@@ -38,7 +38,8 @@ class Connection:
         self._ids = itertools.count(1)
         self._replies: dict[int, bytearray] = {}
         self._cond = threading.Condition()
-        self._reading = False
+        self._reading = False  # a thread is reading the stream
+        self._waiting = 0  # threads waiting for the reader to file their reply
         self.error: BaseException | None = None
 
     def call(self, op: int, token: int, parts=(), reply: bool = True) -> int:
@@ -51,37 +52,56 @@ class Connection:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
-                while call_id not in self._replies and self.error is None and self._reading:
+                while True:
+                    frame = self._replies.pop(call_id, None)
+                    if frame is not None:
+                        return memoryview(frame)[CALL_ID.size:]
+                    if self.error is not None:
+                        raise self.error
+                    if not self._reading:
+                        break
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError
-                    self._cond.wait(left)
-                if call_id in self._replies:
-                    return memoryview(self._replies.pop(call_id))[CALL_ID.size:]
-                if self.error is not None:
-                    raise self.error
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(left)
+                    finally:
+                        self._waiting -= 1
                 self._reading = True
+            frame = None
             try:
-                self._read_one(deadline)
+                frame = self._read_one(deadline)
             finally:
                 with self._cond:
                     self._reading = False
-                    self._cond.notify_all()
+                    answers = frame is not None and CALL_ID.unpack_from(frame)[0]
+                    if frame is not None and answers != call_id:
+                        self._replies[answers] = frame  # another thread's: filed for it
+                    if self._waiting:
+                        self._cond.notify_all()
+            if answers == call_id:
+                return memoryview(frame)[CALL_ID.size:]
 
-    def _read_one(self, deadline) -> None:
+    def _read_one(self, deadline) -> bytearray:
         if deadline is not None and not self.stream.readable(max(0.0, deadline - time.monotonic())):
             raise TimeoutError
         try:
-            frame = self.stream.recv()
+            return self.stream.recv()
         except StreamClosed as exc:
-            with self._cond:
-                self.error = exc
+            self.error = exc
             raise
-        with self._cond:
-            self._replies[CALL_ID.unpack_from(frame)[0]] = frame
 
 
 _local = threading.local()
+
+
+def _forget_streams() -> None:
+    """In a forked child: the parent's streams are the parent's."""
+    _local.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_forget_streams)
 
 
 def connection(address: str, server: str) -> Connection:
@@ -90,9 +110,8 @@ def connection(address: str, server: str) -> Connection:
     Keyed by the server too: a new server may be given a dead one's port, and a
     connection to the dead one may not have noticed yet."""
     conns = getattr(_local, "conns", None)
-    if conns is None or _local.pid != os.getpid():
+    if conns is None:
         conns = _local.conns = {}
-        _local.pid = os.getpid()
     key = (address, server)
     conn = conns.get(key)
     if conn is None or conn.error is not None:
