@@ -14,18 +14,22 @@ address, and ``connect`` tries it first: a peer in the same network
 namespace (the same host, for local and Slurm jobs) then skips the TCP
 stack, whose loopback send costs ~20 us against ~2.5 us here.  Elsewhere the
 name does not exist and the connection goes over TCP.  Either way the peer
-must pass the same handshake.
+must pass the same handshake.  Over a Unix socket, once both have passed it,
+each side hands the other a ring of shared memory its large frames then go
+through (:mod:`fiberrl.runtime.shared_frames`).
 """
 from __future__ import annotations
 
+import array
 import logging
+import os
 import select
 import socket
 import struct
 import sys
 import threading
 
-from . import auth
+from . import auth, shared_frames
 
 log = logging.getLogger("fiberrl.stream")
 
@@ -36,6 +40,12 @@ MAX_FRAME = 1 << 36
 READ_BUFFER = 1 << 16
 SMALL_FRAME = 1 << 14
 LOCAL_SOCKETS = sys.platform == "linux"
+# flags in a frame's length word: the body is where the frame lies in the
+# peer's ring; the frame hands over (or declines) the sender's ring
+IN_RING = 1 << 63
+RING_OFFER = 1 << 62
+_FLAGS = IN_RING | RING_OFFER
+_FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
 
 
 def _local_name(address: str) -> str:
@@ -61,6 +71,12 @@ class Stream:
         self._start = self._end = 0
         self._large: tuple[bytearray, int] | None = None
         self._drained = False
+        # shared memory for large frames, once the peer has proved itself (Unix sockets only)
+        self._ring_out: shared_frames.RingWriter | None = None
+        self._ring_in: shared_frames.RingReader | None = None
+        self._offer_due = False  # the peer's ring offer is on its way: fds may come with any read
+        self._offer_allowed = False
+        self._fds: list[int] = []
         if peer is not None:
             self.peer = peer
             return
@@ -82,9 +98,15 @@ class Stream:
             except OSError as exc:
                 raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
             return
-        views.insert(0, memoryview(_LENGTH.pack(size)))
         try:
             with self._send_lock:
+                # placed in the ring under the lock: frames must lie in the order they are sent
+                ring = self._ring_out
+                where = ring.put(views, size) if ring is not None else None
+                if where is not None:
+                    self.sock.sendall(_LENGTH.pack(IN_RING | size) + where)
+                    return
+                views.insert(0, memoryview(_LENGTH.pack(size)))
                 while views:
                     sent = self.sock.sendmsg(views)
                     while views and sent >= views[0].nbytes:
@@ -127,12 +149,27 @@ class Stream:
             held = self._end - self._start
             if held >= _LENGTH.size:
                 (length,) = _LENGTH.unpack_from(self._buf, self._start)
-                if length > limit:
+                flags = 0
+                if length >= RING_OFFER:
+                    flags, size = length & _FLAGS, length & ~_FLAGS
+                    length = shared_frames.WHERE.size if flags == IN_RING else 0
+                    if size > limit:
+                        raise StreamClosed(f"{self.peer} sent a frame of {size} bytes: refused")
+                elif length > limit:
                     raise StreamClosed(f"{self.peer} sent a frame of {length} bytes: refused")
                 begin = self._start + _LENGTH.size
                 if held - _LENGTH.size >= length:
                     self._start = begin + length
-                    return bytearray(self._view[begin:self._start])
+                    if not flags:
+                        return bytearray(self._view[begin:self._start])
+                    ring = self._ring_in
+                    if flags == IN_RING and ring is not None:
+                        try:
+                            return ring.take(self._view[begin:self._start])
+                        except ValueError as exc:
+                            raise StreamClosed(f"{self.peer} sent a frame outside its ring: {exc}") from None
+                    self._take_offer(flags)
+                    continue
                 if _LENGTH.size + length > len(self._buf):
                     body = bytearray(length)
                     body[:self._end - begin] = self._view[begin:self._end]
@@ -151,7 +188,10 @@ class Stream:
         if not wait and self._drained:
             return None  # a short read just now: asking again would only say so
         try:
-            n = self.sock.recv_into(view, 0, 0 if wait else socket.MSG_DONTWAIT)
+            if self._offer_due:
+                n = self._recv_with_fds(view, 0 if wait else socket.MSG_DONTWAIT)
+            else:
+                n = self.sock.recv_into(view, 0, 0 if wait else socket.MSG_DONTWAIT)
         except BlockingIOError as exc:
             if not wait:
                 return None
@@ -163,12 +203,73 @@ class Stream:
         self._drained = n < view.nbytes
         return n
 
+    def _recv_with_fds(self, view, flags: int) -> int:
+        """Read as ``recv_into`` does, keeping file descriptors that come with the bytes
+        (a plain read would close them)."""
+        n, ancillary, _, _ = self.sock.recvmsg_into([view], _FD_SPACE, flags)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        return n
+
+    def _take_offer(self, flags: int) -> None:
+        """The peer's ring (or its word that it has none) has come."""
+        fds, self._fds, self._offer_due = self._fds, [], False
+        if flags != RING_OFFER or not self._offer_allowed or self._ring_in is not None:
+            for fd in fds:
+                os.close(fd)
+            raise StreamClosed(f"{self.peer} sent a ring it may not send now")
+        for fd in fds[1:]:
+            os.close(fd)
+        if fds:
+            try:
+                self._ring_in = shared_frames.RingReader(fds[0])
+            except (OSError, ValueError) as exc:
+                raise StreamClosed(f"{self.peer} sent a ring that cannot be mapped: {exc}") from None
+
+    def offer_ring(self) -> None:
+        """Hand the peer (which has proved itself) a ring for this side's large frames;
+        only over a Unix socket, to a peer that expects it."""
+        ring = None
+        if shared_frames.AVAILABLE:
+            try:
+                ring = shared_frames.RingWriter()
+            except OSError as exc:  # no shared memory to be had: large frames take the socket
+                log.debug("no shared frame ring for %s: %s", self.peer, exc)
+        try:
+            with self._send_lock:
+                frame = [_LENGTH.pack(RING_OFFER)]
+                if ring is None:
+                    self.sock.sendall(frame[0])
+                else:
+                    socket.send_fds(self.sock, frame, [ring.fd])
+        except OSError as exc:
+            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+        finally:
+            if ring is not None:
+                ring.detach()
+        self._ring_out = ring
+
+    def await_ring(self) -> None:
+        """Over a Unix socket: the peer's ring offer may come with any read from now on."""
+        self._offer_due = True
+
+    def trust_ring(self) -> None:
+        """The peer has proved itself: its ring offer is taken (before, it ends the stream)."""
+        self._offer_allowed = True
+
     def readable(self, timeout: float | None) -> bool:
         """Whether a frame has started to arrive within ``timeout`` seconds."""
         return self._end > self._start or bool(select.select([self.sock], [], [], timeout)[0])
 
     def close(self) -> None:
         _close(self.sock)
+        self._ring_out = self._ring_in = None  # unmapped once no thread is copying through them
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
@@ -199,6 +300,10 @@ def _authenticate(stream: Stream, address: str) -> Stream:
             raise PermissionError(f"{address} failed to prove it holds this run's secret")
         stream.send([auth.client_proof(secret, server_nonce, client_nonce)])
         stream.sock.settimeout(None)
+        if stream.sock.family == socket.AF_UNIX:
+            stream.await_ring()
+            stream.trust_ring()
+            stream.offer_ring()
     except BaseException:
         stream.close()
         raise
@@ -268,10 +373,16 @@ class Listener:
             secret = auth.run_secret()
             client_nonce = _handshake_part(stream)
             server_nonce = auth.new_nonce()
+            local = sock.family == socket.AF_UNIX
+            if local:  # the client's offer follows its proof, perhaps within one read
+                stream.await_ring()
             stream.send([server_nonce, auth.server_proof(secret, client_nonce, server_nonce)])
             if not auth.verify(auth.client_proof(secret, server_nonce, client_nonce), _handshake_part(stream)):
                 raise PermissionError("wrong proof")
             sock.settimeout(None)
+            if local:
+                stream.trust_ring()
+                stream.offer_ring()
         except (OSError, StreamClosed, PermissionError) as exc:
             log.warning("closed a stream from %s that failed authentication (%s)", stream.peer, exc)
             stream.close()

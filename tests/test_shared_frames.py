@@ -1,0 +1,181 @@
+"""Large frames between processes of one host go through shared memory:
+equal on arrival, in the order sent, through the socket when they do not
+fit, and only between peers that proved they hold the run's secret."""
+import os
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import wait_until
+from fiberrl.runtime import auth, shared_frames, stream
+
+pytestmark = pytest.mark.skipif(not (stream.LOCAL_SOCKETS and shared_frames.AVAILABLE),
+                                reason="shared frame rings need Linux (abstract Unix sockets and memfd)")
+
+
+def echo(s: stream.Stream) -> None:
+    while True:
+        s.send([s.recv()])
+
+
+@pytest.fixture
+def echoed():
+    listener = stream.Listener("127.0.0.1", echo)
+    client = stream.connect(listener.address)
+    yield client
+    client.close()
+    listener.close()
+
+
+def frame(size: int, seed: int) -> bytes:
+    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def test_frames_of_every_size_arrive_equal_and_large_ones_take_the_ring(echoed, monkeypatch):
+    assert echoed.sock.family == socket.AF_UNIX
+    taken = []
+    real_take = shared_frames.RingReader.take
+    monkeypatch.setattr(shared_frames.RingReader, "take", lambda self, where: taken.append(1) or real_take(self, where))
+    sizes = [0, 10, stream.SMALL_FRAME, stream.SMALL_FRAME + 1, 100_800, 5 << 20, shared_frames.RING_BYTES + 1, 7]
+    for i, size in enumerate(sizes):
+        echoed.send([frame(size, i)])
+        assert echoed.recv() == frame(size, i)
+    # the three from 16 KiB + 1 to 5 MiB through the rings both ways (the echo server is in this
+    # process too), the frame larger than a ring through the socket
+    assert len(taken) == 3 * 2
+    assert echoed._ring_out is not None and echoed._ring_in is not None
+    assert open_rings() == []  # the mappings hold no fds: a pool's master has hundreds of streams
+
+
+def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(echoed):
+    """More than a ring's worth in flight: the rest goes through the socket, order kept."""
+    size, count = 3 << 20, 12  # 36 MiB in flight against a 16 MiB ring
+    sender = threading.Thread(target=lambda: [echoed.send([frame(size, i)]) for i in range(count)])
+    sender.start()
+    for i in range(count):
+        assert echoed.recv() == frame(size, i)
+    sender.join(60)
+    # with nothing in flight the writer starts again at the beginning: memory in use is the high water
+    echoed.send([frame(size, 99)])
+    assert echoed.recv() == frame(size, 99)
+    assert echoed._ring_out._pos == size
+
+
+def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
+    got = []
+    done = threading.Event()
+
+    def collect(s):
+        while len(got) < 4 * 50:
+            got.append(bytes(s.recv()))
+        done.set()
+
+    listener = stream.Listener("127.0.0.1", collect)
+    client = stream.connect(listener.address)
+
+    def send(k):
+        for j in range(50):
+            client.send([frame(40_000 + 1000 * k, 100 * k + j)])
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert done.wait(60)
+    for k in range(4):
+        mine = [f for f in got if len(f) == 40_000 + 1000 * k]
+        assert mine == [frame(40_000 + 1000 * k, 100 * k + j) for j in range(50)]  # whole and in order
+    client.close()
+    listener.close()
+
+
+def test_streams_over_tcp_have_no_ring(monkeypatch):
+    monkeypatch.setattr(stream, "LOCAL_SOCKETS", False)
+    listener = stream.Listener("127.0.0.1", echo)
+    client = stream.connect(listener.address)
+    assert client.sock.family == socket.AF_INET and client._ring_out is None
+    client.send([frame(100_000, 1)])
+    assert client.recv() == frame(100_000, 1)
+    client.close()
+    listener.close()
+
+
+def raw_local_connection(listener) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(f"\0fiberrl-stream/{listener.address}")
+    return sock
+
+
+def open_rings() -> list[str]:
+    rings = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:fiberrl-stream"):
+                rings.append(fd)
+        except FileNotFoundError:
+            pass  # the listing's own fd
+    return rings
+
+
+def test_a_ring_offered_before_the_proof_is_refused_and_its_memory_let_go():
+    served = []
+    listener = stream.Listener("127.0.0.1", lambda s: served.append(s))
+    sock = raw_local_connection(listener)
+    ring = shared_frames.RingWriter(1 << 20)
+    socket.send_fds(sock, [stream.RING_OFFER.to_bytes(8, "little")], [ring.fd])
+    ring.detach()  # now the listener holds the only fd of it
+    sock.settimeout(10)
+    assert sock.recv(64) == b""  # the listener hung up without answering
+    assert served == []
+    assert wait_until(lambda: open_rings() == [], 10)  # the listener's copy of the fd was closed, not kept
+    sock.close()
+    listener.close()
+
+
+def test_a_peer_without_the_secret_never_gets_a_ring():
+    listener = stream.Listener("127.0.0.1", lambda s: None)
+    sock = raw_local_connection(listener)
+    sock.sendall((auth.NONCE_BYTES).to_bytes(8, "little") + auth.new_nonce())
+    sock.settimeout(10)
+    reply = sock.recv(4096)
+    assert len(reply) == 8 + 2 * auth.NONCE_BYTES  # the listener's nonce and proof, nothing more
+    sock.sendall((auth.NONCE_BYTES).to_bytes(8, "little") + os.urandom(auth.NONCE_BYTES))  # a wrong proof
+    message, fds, _, _ = socket.recv_fds(sock, 4096, 4)
+    assert message == b"" and fds == []
+    sock.close()
+    listener.close()
+
+
+def test_a_frame_placed_outside_the_ring_ends_the_stream(echoed):
+    echoed.send([frame(100_000, 1)])
+    assert echoed.recv() == frame(100_000, 1)
+    where = shared_frames.WHERE.pack(shared_frames.RING_BYTES, 10, 10)  # past the end
+    echoed.sock.sendall((stream.IN_RING | 10).to_bytes(8, "little") + where)
+    deadline = time.monotonic() + 10
+    with pytest.raises(stream.StreamClosed):  # the server hung up on it
+        while time.monotonic() < deadline:
+            echoed.send([b"x"])
+            echoed.recv()
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the test writes frame headers by hand")
+def test_the_ring_offer_is_read_even_when_it_arrives_with_the_first_frame():
+    """The server's offer and its first frame may be read at once: the fd is not lost."""
+    served = threading.Event()
+
+    def answer_at_once(s):
+        s.send([frame(200_000, 5)])  # right behind the offer, before the client reads anything
+        served.set()
+        s.recv()
+
+    listener = stream.Listener("127.0.0.1", answer_at_once)
+    client = stream.connect(listener.address)
+    assert served.wait(10)
+    time.sleep(0.05)
+    assert client.recv() == frame(200_000, 5)
+    assert client._ring_in is not None
+    client.close()
+    listener.close()
