@@ -295,8 +295,8 @@ class RemoteEnvs:
         episode it held truncated, with the last observation we had as the final one."""
         self.restarts += 1
         slots = self.slots(k)
-        log.warning("env server %d (pid %s, envs %d-%d) was lost: %s; starting a replacement, its episodes are "
-                    "cut short as truncated", k, self.managers[k].pid, slots[0], slots[-1],
+        log.warning("env server %d (envs %d-%d) was lost: %s; starting a replacement, its episodes are "
+                    "cut short as truncated", k, slots[0], slots[-1],
                     str(cause).split("\n")[0])
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             self.generations[k] += 1

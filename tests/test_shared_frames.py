@@ -38,7 +38,8 @@ def test_frames_of_every_size_arrive_equal_and_large_ones_take_the_ring(echoed, 
     assert echoed.sock.family == socket.AF_UNIX
     taken = []
     real_take = shared_frames.RingReader.take
-    monkeypatch.setattr(shared_frames.RingReader, "take", lambda self, where: taken.append(1) or real_take(self, where))
+    monkeypatch.setattr(shared_frames.RingReader, "take",
+                        lambda self, where, size: taken.append(size) or real_take(self, where, size))
     sizes = [0, 10, stream.SMALL_FRAME, stream.SMALL_FRAME + 1, 100_800, 5 << 20, shared_frames.RING_BYTES + 1, 7]
     for i, size in enumerate(sizes):
         echoed.send([frame(size, i)])
@@ -149,11 +150,12 @@ def test_a_peer_without_the_secret_never_gets_a_ring():
     listener.close()
 
 
-def test_a_frame_placed_outside_the_ring_ends_the_stream(echoed):
+@pytest.mark.parametrize("size, where", [(10, (shared_frames.RING_BYTES, 10, 10)),  # past the end
+                                         (10, (0, 1 << 20, 1 << 20))])  # larger than its header says
+def test_a_frame_said_to_lie_where_it_cannot_ends_the_stream(echoed, size, where):
     echoed.send([frame(100_000, 1)])
     assert echoed.recv() == frame(100_000, 1)
-    where = shared_frames.WHERE.pack(shared_frames.RING_BYTES, 10, 10)  # past the end
-    echoed.sock.sendall((stream.IN_RING | 10).to_bytes(8, "little") + where)
+    echoed.sock.sendall((stream.IN_RING | size).to_bytes(8, "little") + shared_frames.WHERE.pack(*where))
     deadline = time.monotonic() + 10
     with pytest.raises(stream.StreamClosed):  # the server hung up on it
         while time.monotonic() < deadline:

@@ -118,6 +118,11 @@ class Process(BaseProcess):
         return self._pid
 
     @property
+    def job_id(self) -> str | None:
+        """The backend's id of this process's job (a container, a Slurm job); None before ``start``."""
+        return self._job.id if self._job is not None else None
+
+    @property
     def exitcode(self) -> int | None:
         if self._job is None:
             return None

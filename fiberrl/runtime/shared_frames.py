@@ -110,11 +110,12 @@ class RingReader:
             os.close(fd)
         self.size = length - _DATA
 
-    def take(self, where) -> bytearray:
-        """The frame at ``where`` (as :meth:`RingWriter.put` said), copied out and marked read."""
+    def take(self, where, size: int) -> bytearray:
+        """The frame of ``size`` bytes at ``where`` (as :meth:`RingWriter.put` said), copied out
+        and marked read."""
         pos, nbytes, mark = WHERE.unpack(where)
-        if pos + nbytes > self.size:
-            raise ValueError(f"a frame at {pos}+{nbytes} outside a ring of {self.size} bytes")
+        if nbytes != size or pos + nbytes > self.size:
+            raise ValueError(f"a frame of {size} bytes said to lie at {pos}+{nbytes} in a ring of {self.size}")
         frame = bytearray(self._map[_DATA + pos:_DATA + pos + nbytes])
         _MARK.pack_into(self._map, 0, mark)
         return frame

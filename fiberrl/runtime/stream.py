@@ -165,7 +165,7 @@ class Stream:
                     ring = self._ring_in
                     if flags == IN_RING and ring is not None:
                         try:
-                            return ring.take(self._view[begin:self._start])
+                            return ring.take(self._view[begin:self._start], size)
                         except ValueError as exc:
                             raise StreamClosed(f"{self.peer} sent a frame outside its ring: {exc}") from None
                     self._take_offer(flags)

@@ -78,7 +78,8 @@ class BaseManager:
         process.start()
         self._process = process
         address = _await_address(process, ready, get_config().start_timeout)
-        self._ref = ManagerRef(address, f"{self._name} (pid {process.pid})", proxytypes, self._async)
+        where = f"pid {process.pid}" if process.pid is not None else f"job {process.job_id}"
+        self._ref = ManagerRef(address, f"{self._name} ({where})", proxytypes, self._async)
         self._finalizer = weakref.finalize(self, _stop_server, process, self._ref)
 
     def shutdown(self) -> None:
