@@ -44,6 +44,7 @@ from fiberrl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
 log = logging.getLogger("fiberrl")
 
 ATARI = True  # applies the Atari preprocessing when the env config asks for it (env.atari=true)
+WORKER_MODULES = ["fiberrl.env_servers"]  # what the env servers run (not torch, which only the learner needs)
 
 
 @dataclass

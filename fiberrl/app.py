@@ -103,8 +103,12 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
         raise UsageError(f"resume={cfg.resume}: not a run directory (it has no checkpoints/)")
     directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
                              tensorboard=cfg.tensorboard)
+    from fiberrl.runtime import set_forkserver_preload
+    algorithm = algorithm_module(cfg.algo.name)
+    # local workers are forked with what they run already imported
+    set_forkserver_preload(getattr(algorithm, "WORKER_MODULES", [algorithm.__name__]))
     try:
-        return algorithm_module(cfg.algo.name).train(cfg, directory, on_iteration=on_iteration)
+        return algorithm.train(cfg, directory, on_iteration=on_iteration)
     finally:
         directory.close()
 

@@ -114,3 +114,76 @@ def test_fresh_interpreters_when_switched_off_or_when_the_python_path_differs(mo
     reset()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), "/nonexistent"])))
     assert run_report(q)[1] == os.getpid()
+
+
+MAIN_SCRIPT = '''
+import os, sys
+with open(os.environ["IMPORTS_LOG"], "a") as log:  # every import of this module, by which process
+    log.write(f"{os.getpid()} {__name__}\\n")
+import fiberrl.runtime as mp
+
+
+def where(_):
+    return os.getpid(), __name__
+
+
+if __name__ == "__main__":
+    with mp.Pool(3) as pool:
+        print(sorted(set(pool.map(where, range(30), chunksize=1))))
+'''
+
+
+def test_the_main_module_is_imported_once_by_the_server_not_by_every_job(tmp_path):
+    import subprocess
+    script, log = tmp_path / "main_script.py", tmp_path / "imports.log"
+    script.write_text(MAIN_SCRIPT)
+    env = dict(os.environ, IMPORTS_LOG=str(log), PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    imports = [line.split() for line in log.read_text().splitlines()]
+    workers = {pid for pid, _ in eval(out.stdout)}
+    assert imports[0][1] == "__main__" and len(workers) >= 1
+    # the parent ran it as __main__, the fork server as __mp_main__; the workers found it imported
+    assert [name for _, name in imports] == ["__main__", "__mp_main__"]
+    assert not workers & {int(pid) for pid, _ in imports}
+
+
+PRELOADED_MODULE = '''
+import os
+with open(os.environ["IMPORTS_LOG"], "a") as log:
+    log.write(f"{os.getpid()}\\n")
+'''
+
+PRELOADING_SCRIPT = '''
+import os, sys
+import fiberrl.runtime as mp
+
+
+def imported_before_the_task(_):
+    return os.getpid(), "heavy_module" in sys.modules
+
+
+if __name__ == "__main__":
+    mp.set_forkserver_preload(["heavy_module", "no_such_module"])  # the missing one is skipped
+    with mp.Pool(2) as pool:
+        print(sorted(set(pool.map(imported_before_the_task, range(20), chunksize=1))))
+'''
+
+
+def test_preloaded_modules_are_imported_by_the_server_before_it_forks(tmp_path):
+    import subprocess
+    (tmp_path / "heavy_module.py").write_text(PRELOADED_MODULE)
+    script, log = tmp_path / "preloading.py", tmp_path / "imports.log"
+    script.write_text(PRELOADING_SCRIPT)
+    env = dict(os.environ, IMPORTS_LOG=str(log), PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    workers = eval(out.stdout)
+    assert workers and all(imported for _, imported in workers)
+    importers = log.read_text().split()
+    assert len(importers) == 1 and int(importers[0]) not in {pid for pid, _ in workers}
+
+
+def test_preload_takes_module_names():
+    with pytest.raises(TypeError, match="list of module names"):
+        mp.set_forkserver_preload("numpy")

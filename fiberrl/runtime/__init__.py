@@ -4,6 +4,7 @@ multiprocessing code.
 
 Importing opens no socket, starts no thread and reads no configuration.
 """
+from .backends.forkserver import set_forkserver_preload
 from .config import ConfigError, RuntimeConfig, configure, get_config
 from .connection import Connection, Pipe
 from .managers import AsyncManager, BaseManager, Manager, ManagerError, SyncManager
@@ -18,5 +19,5 @@ __all__ = [
     "AsyncManager", "AsyncResult", "BaseManager", "ConfigError", "Connection", "Empty", "Full", "Manager",
     "ManagerError", "PeerGone", "Pipe", "Pool", "PoolTerminated", "Process", "Queue", "Ring", "RingError",
     "RuntimeConfig", "SimpleQueue", "SyncManager", "WorkerLostError", "active_children", "configure", "cpu_count",
-    "current_process", "get_config", "meta", "parent_process",
+    "current_process", "get_config", "meta", "parent_process", "set_forkserver_preload",
 ]
