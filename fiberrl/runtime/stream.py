@@ -87,17 +87,19 @@ class Stream:
             self.peer = "an unconnected peer"
 
     def send(self, parts) -> None:
-        """Send one frame made of ``parts`` (buffers); large parts are not copied."""
-        views = [memoryview(p).cast("B") for p in parts]
-        size = sum(v.nbytes for v in views)
+        """Send one frame made of ``parts`` (contiguous buffers); large parts are not copied."""
+        size = 0
+        for part in parts:
+            size += len(part) if type(part) is bytes else memoryview(part).nbytes
         if size <= SMALL_FRAME:  # one copy costs less than a scatter list
-            data = _LENGTH.pack(size) + b"".join(views)
+            data = _LENGTH.pack(size) + b"".join(parts)
             try:
                 with self._send_lock:
                     self.sock.sendall(data)
             except OSError as exc:
                 raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
             return
+        views = [memoryview(p).cast("B") for p in parts]
         try:
             with self._send_lock:
                 # placed in the ring under the lock: frames must lie in the order they are sent

@@ -133,7 +133,8 @@ class ManagerRef:
                             f"Restart the manager (AsyncManager.restart()) and create them again.")
 
     def ask(self, op: int, token: int, parts=()) -> tuple[Connection, int]:
-        _send_releases()
+        if _releases:
+            _send_releases()
         try:
             conn = connection(self.address, self.name)
             return conn, conn.call(op, token, parts)
@@ -239,6 +240,8 @@ def _rebuild(cls, ref, token, typeid, exposed):
 
 class Handle:
     """The result of an asynchronous call, matched to it by the call's id."""
+
+    __slots__ = ("_ref", "_conn", "_call_id", "_method", "_outcome")
 
     def __init__(self, ref: ManagerRef, conn: Connection, call_id: int, methodname: str):
         self._ref = ref
