@@ -73,3 +73,20 @@ def test_shared_references_stay_shared():
     # and the memo of one message does not leak into the next
     assert wire.loads(wire.encode(array)) is not first
     assert pickle.loads(pickle.dumps(array)) is not array
+
+
+class Payload:
+    """Pickled by reference, by the per-thread pickler."""
+
+
+def test_the_pickler_keeps_nothing_of_a_message_once_sent():
+    import gc
+    import weakref
+
+    payload = Payload()
+    payload.array = np.zeros(10_000)  # out of band
+    alive = weakref.ref(payload)
+    wire.dumps(payload)
+    del payload
+    gc.collect()
+    assert alive() is None

@@ -69,13 +69,14 @@ class _Pickler:
     def dumps(self, obj) -> tuple[bytes, list]:
         self.busy = True  # a reducer that itself sends a message gets a pickler of its own
         try:
-            self.file.seek(0)
-            self.file.truncate()
-            self.buffers = []
-            self.pickler.clear_memo()
             self.pickler.dump(obj)
             return self.file.getvalue(), self.buffers
         finally:
+            # keep nothing of the message: the memo, the buffers and the stream hold its objects
+            self.pickler.clear_memo()
+            self.buffers = []
+            self.file.seek(0)
+            self.file.truncate()
             self.busy = False
 
 
