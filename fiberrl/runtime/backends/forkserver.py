@@ -170,7 +170,10 @@ def serve() -> None:
     """The fork server's loop: fork a job per request, report exits."""
     sock = socket.socket(fileno=int(os.environ.pop("FIBERRL_FORK_SERVER_FD")))
     import fiberrl.runtime.child  # noqa: F401 -- what every job imports first, done once here
-    _preload(pickle.loads(sock.recv(_MESSAGE)))
+    message = sock.recv(_MESSAGE)
+    if not message:  # the parent is gone already
+        os._exit(0)
+    _preload(pickle.loads(message))
 
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
