@@ -51,18 +51,33 @@ def test_frames_of_every_size_arrive_equal_and_large_ones_take_the_ring(echoed, 
     assert open_rings() == []  # the mappings hold no fds: a pool's master has hundreds of streams
 
 
-def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(echoed):
+def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(monkeypatch):
     """More than a ring's worth in flight: the rest goes through the socket, order kept."""
     size, count = 3 << 20, 12  # 36 MiB in flight against a 16 MiB ring
-    sender = threading.Thread(target=lambda: [echoed.send([frame(size, i)]) for i in range(count)])
-    sender.start()
+    taken, got, done = [], [], threading.Event()
+    real_take = shared_frames.RingReader.take
+    monkeypatch.setattr(shared_frames.RingReader, "take",
+                        lambda self, where, size: taken.append(size) or real_take(self, where, size))
+
+    def read_late(s):
+        time.sleep(0.5)  # the ring fills meanwhile, and the sender blocks on the socket
+        for _ in range(count + 1):
+            got.append(bytes(s.recv()))
+        done.set()
+
+    listener = stream.Listener("127.0.0.1", read_late)
+    client = stream.connect(listener.address)
     for i in range(count):
-        assert echoed.recv() == frame(size, i)
-    sender.join(60)
+        client.send([frame(size, i)])
+    assert wait_until(lambda: len(got) == count, 30)
+    assert 5 <= len(taken) < count  # the first five filled the ring; the sixth at least took the socket
     # with nothing in flight the writer starts again at the beginning: memory in use is the high water
-    echoed.send([frame(size, 99)])
-    assert echoed.recv() == frame(size, 99)
-    assert echoed._ring_out._pos == size
+    client.send([frame(size, 99)])
+    assert done.wait(30)
+    assert got == [frame(size, i) for i in range(count)] + [frame(size, 99)]
+    assert client._ring_out._pos == size
+    client.close()
+    listener.close()
 
 
 def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
