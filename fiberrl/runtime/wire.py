@@ -89,10 +89,10 @@ def _pickle(obj) -> tuple[bytes, list]:
         buffers: list = []
         return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
     pickler = getattr(_picklers, "pickler", None)
-    if pickler is None or pickler.busy:
+    if pickler is None:
+        pickler = _picklers.pickler = _Pickler(numpy.ndarray)
+    elif pickler.busy:  # pickling a message from inside another's reducer
         pickler = _Pickler(numpy.ndarray)
-        if getattr(_picklers, "pickler", None) is None:
-            _picklers.pickler = pickler
     return pickler.dumps(obj)
 
 

@@ -69,14 +69,14 @@ class Connection:
                     finally:
                         self._waiting -= 1
                 self._reading = True
-            frame = None
+            frame, answers = None, None
             try:
                 frame = self._read_one(deadline)
+                answers = CALL_ID.unpack_from(frame)[0]
             finally:
                 with self._cond:
                     self._reading = False
-                    answers = frame is not None and CALL_ID.unpack_from(frame)[0]
-                    if frame is not None and answers != call_id:
+                    if answers is not None and answers != call_id:
                         self._replies[answers] = frame  # another thread's: filed for it
                     if self._waiting:
                         self._cond.notify_all()
