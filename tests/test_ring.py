@@ -129,6 +129,21 @@ def test_env_style_initializer():
     assert Ring(2, sum_ranks, env_style_init).run() == [3.0, 3.0]
 
 
+def test_rendezvous_port_lies_below_the_ephemeral_range():
+    """After release_port() the port is unheld until torch binds it again: it
+    must not be one the kernel could give a connection meanwhile (above all a
+    member's own connect retried against it, which would then hold it)."""
+    from fiberrl.runtime.ring import _ephemeral_low
+    low = _ephemeral_low()
+    listeners = [_listen("127.0.0.1", 1) for _ in range(20)]
+    try:
+        ports = {s.getsockname()[1] for s in listeners}
+        assert len(ports) == 20 and all(10000 <= p < low for p in ports)
+    finally:
+        for s in listeners:
+            s.close()
+
+
 class Boom(Exception):
     pass
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import queue
+import random
 import signal
 import socket
 import sys
@@ -286,9 +287,33 @@ def _join_all(members: list[Process], timeout: float) -> None:
         p.join(max(0.0, deadline - time.monotonic()))
 
 
+_FIXED_PORTS_END = 10000  # well-known and commonly configured service ports stay untouched
+_PORT_TRIES = 64
+
+
 def _listen(host: str, backlog: int) -> socket.socket:
+    """Rank 0's rendezvous socket, on a port below the kernel's ephemeral
+    range where one is free: after ``release_port()`` the port is unheld until
+    torch binds it again, and a port inside the range can meanwhile become some
+    connection's local port, the worst being a member's own retried connect to
+    it (TCP self-connect), which then holds it against rank 0."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    if low > _FIXED_PORTS_END:
+        for port in random.sample(range(_FIXED_PORTS_END, low), min(_PORT_TRIES, low - _FIXED_PORTS_END)):
+            try:
+                return socket.create_server((host, port), family=family, backlog=backlog)
+            except OSError:
+                continue
     return socket.create_server((host, 0), family=family, backlog=backlog)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default and the IANA dynamic range's start
 
 
 def _member(rank, size, func, initializer, initargs, gpu, results: Queue, roster: Queue) -> None:
