@@ -148,6 +148,38 @@ def test_the_main_module_is_imported_once_by_the_server_not_by_every_job(tmp_pat
     assert not workers & {int(pid) for pid, _ in imports}
 
 
+
+STDIN_SCRIPT = '''
+import fiberrl.runtime as mp
+
+
+def double(x):
+    return 2 * x
+
+
+with mp.Pool(2) as pool:
+    print(pool.map(double, [1, 2, 3]))
+for server in (True, False):
+    mp.configure(local_fork_server=server)
+    job = mp.Process(target=double, args=(1,))
+    job.start()
+    job.join()
+    print(job.exitcode)
+'''
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_a_script_without_a_file_runs_its_pool_and_jobs(how):
+    """``python - < script`` (its main is "<stdin>", no file to import again) and
+    ``python -c``: the jobs do without the main module; functions travel by value."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    args, stdin = ([sys.executable, "-"], STDIN_SCRIPT) if how == "stdin" else \
+        ([sys.executable, "-c", STDIN_SCRIPT], "")
+    out = subprocess.run(args, input=stdin, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["[2, 4, 6]", "0", "0"], out.stdout + out.stderr
+
 PRELOADED_MODULE = '''
 import os
 with open(os.environ["IMPORTS_LOG"], "a") as log:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import multiprocessing.spawn
 import os
 import pickle
 import threading
@@ -24,6 +23,7 @@ from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, star
 from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
 from .hub import get_hub
+from .main_module import preparation_data
 from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
 
@@ -160,8 +160,7 @@ class Process(BaseProcess):
             raise AssertionError("can only start a process object created by current process")
         hub = get_hub()
         process_id = uuid.uuid4().bytes
-        prep = multiprocessing.spawn.get_preparation_data(self._name)
-        prep.pop("authkey", None)
+        prep = preparation_data(self._name)
         try:
             body = cloudpickle.dumps(self, protocol=5)
         except Exception as exc:

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import threading
 
+from ..main_module import preparation_data
+
 _MESSAGE = 1 << 20
 SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.backends.forkserver import serve; serve()"]
 _preload_modules: list[str] = []
@@ -84,7 +86,7 @@ class ForkServer:
                                         stdin=subprocess.DEVNULL, close_fds=True)
         theirs.close()
         self._sock = ours
-        self._sock.send(pickle.dumps(_preparation_data(), protocol=5))
+        self._sock.send(pickle.dumps(preparation_data("fiberrl-fork-server"), protocol=5))
         self.python_path = os.environ.get("PYTHONPATH", "")
         self.owner_pid = os.getpid()  # a forked copy of this process must start its own
         self._lock = threading.Lock()  # one request at a time: the pid reply follows its request
@@ -144,13 +146,6 @@ class ForkServer:
             job._set_exit(-signal.SIGKILL)
         self._sock.close()
         self._server.wait()
-
-
-def _preparation_data() -> dict:
-    """What a job needs to import this process's main module (its path or name, sys.path)."""
-    prep = multiprocessing.spawn.get_preparation_data("fiberrl-fork-server")
-    prep.pop("authkey", None)
-    return prep
 
 
 def _standard_fds() -> tuple[list[int], list[int]]:
