@@ -16,7 +16,8 @@ from .connection import close_active_connections
 from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
-from .transport import OK, Client, PeerGone
+from .parent_link import ParentLink
+from .transport import OK, PeerGone
 
 
 def _fail(message: str) -> None:
@@ -34,10 +35,10 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _report(parent: Client, report: str) -> None:
+def _report(parent: ParentLink, report: str) -> None:
     """Log ``report`` in the parent; print it here if the parent cannot hear."""
     try:
-        parent.request(REPORT, parts=[report.encode()], timeout=10)
+        parent.request(REPORT, report.encode(), timeout=10)
     except (PeerGone, TimeoutError):
         sys.stderr.write(report)
 
@@ -49,7 +50,7 @@ def main() -> None:
         _fail("started without a parent; this module is run by fiberrl.runtime.Process, not by hand")
     timeout = get_config().start_timeout
     try:
-        parent = Client(parent_address, connect_timeout=timeout)
+        parent = ParentLink(parent_address, connect_timeout=timeout)
         status, payload = parent.request(LAUNCH, bytes.fromhex(process_id), timeout=timeout)
     except (PeerGone, PermissionError, TimeoutError) as exc:
         _fail(f"cannot fetch its task from the parent: {exc}")

@@ -1,6 +1,7 @@
 """The per-process hub: one authenticated server that hosts this process's
-queues and pipes and serves its children (launch payloads, heartbeats,
-error reports), plus a cache of client connections to other hubs.
+queues and pipes, the links its children fetch their launch payloads,
+send heartbeats, error reports and output over (:mod:`.parent_link`), plus
+a cache of client connections to other hubs.
 
 Started on first use -- importing fiberrl opens no socket and starts no
 thread -- and closed at interpreter exit.
@@ -18,12 +19,14 @@ import time
 from .backends import listen_host
 from .config import get_config
 from .output import write_forwarded
-from .transport import MISSING, OK, Client, PeerGone, Request, Server
+from .parent_link import ChildLinks
+from .transport import ERROR, MISSING, OK, Client, PeerGone, Request, Server
 
 log = logging.getLogger("fiberrl")
 
-# hub ops (1 and 2 belong to the transport's handshake)
+# a job's requests over its link
 PING, LAUNCH, REPORT, OUTPUT = 3, 4, 5, 6
+# requests to hosted objects (1 and 2 belong to the transport's handshake)
 Q_PUT, Q_GET, Q_SIZE, Q_CLOSE = 10, 11, 12, 13
 
 
@@ -75,6 +78,8 @@ class Hub:
         self._deadlines: Deadlines | None = None
         self._server: Server | None = None
         self._addresses: dict[str, str] = {}
+        self._child_links: ChildLinks | None = None
+        self._child_addresses: dict[str, str] = {}
 
     @property
     def address(self) -> str:
@@ -93,6 +98,23 @@ class Hub:
                     else:
                         address = self._server.listen(host)
                     self._addresses[host] = address
+        return address
+
+    @property
+    def child_address(self) -> str:
+        """Where the jobs of the configured backend open their link to this process."""
+        host = listen_host()
+        address = self._child_addresses.get(host)
+        if address is None:
+            with self._lock:
+                address = self._child_addresses.get(host)
+                if address is None:
+                    if self._child_links is None:
+                        self._child_links = ChildLinks(host, self._serve_child)
+                        address = self._child_links.address
+                    else:
+                        address = self._child_links.listen(host)
+                    self._child_addresses[host] = address
         return address
 
     def owns(self, address: str) -> bool:
@@ -114,25 +136,27 @@ class Hub:
     def withdraw_launch(self, process_id: bytes) -> None:
         self._launches.pop(process_id, None)
 
-    def _handle(self, request: Request) -> None:
-        op = request.op
+    def _serve_child(self, op: int, body: memoryview) -> tuple[int, bytes]:
+        """A request over a job's link."""
         if op == PING:
-            request.reply(OK)
-        elif op == LAUNCH:
-            payload = self._launches.pop(request.obj_id, None)
-            request.reply(MISSING) if payload is None else request.reply(OK, payload)
-        elif op == REPORT:
-            log.error("%s", bytes(request.body).decode(errors="replace"))
-            request.reply(OK)
-        elif op == OUTPUT:
-            write_forwarded(request.body)
-            request.reply(OK)
+            return OK, b""
+        if op == LAUNCH:
+            payload = self._launches.pop(bytes(body), None)
+            return (MISSING, b"") if payload is None else (OK, payload)
+        if op == REPORT:
+            log.error("%s", bytes(body).decode(errors="replace"))
+            return OK, b""
+        if op == OUTPUT:
+            write_forwarded(body)
+            return OK, b""
+        return ERROR, f"unknown request {op} on a job's link".encode()
+
+    def _handle(self, request: Request) -> None:
+        obj = self._objects.get(request.obj_id)
+        if obj is None:
+            request.reply(MISSING)
         else:
-            obj = self._objects.get(request.obj_id)
-            if obj is None:
-                request.reply(MISSING)
-            else:
-                obj.handle(request)
+            obj.handle(request)
 
     def _forget_requests_of(self, pipe_id: int) -> None:
         # a reply to a process that is gone would be lost with whatever it carries
@@ -173,6 +197,8 @@ class Hub:
         self.flush()
         if self._server is not None:
             self._server.close()
+        if self._child_links is not None:
+            self._child_links.close()
         for client in list(self._clients.values()):
             client.close()
         self._clients.clear()

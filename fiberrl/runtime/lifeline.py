@@ -1,9 +1,9 @@
 """A child's watch on its parent: if the parent goes away the child exits,
 so a parent killed with SIGKILL leaves no orphan behind.
 
-The connection to the parent's hub reports its loss at once (the kernel
-closes a dead process's sockets); a heartbeat catches a parent that hangs
-or a host that vanished without closing anything.
+The link to the parent reports its loss at once (the kernel closes a dead
+process's sockets); a heartbeat catches a parent that hangs or a host that
+vanished without closing anything.
 """
 from __future__ import annotations
 
@@ -13,26 +13,27 @@ import threading
 
 from .config import get_config
 from .hub import PING
-from .transport import Client, PeerGone
+from .parent_link import ParentLink
+from .transport import PeerGone
 
 ORPHAN_EXIT_CODE = 75
 
 
-def watch_parent(client: Client) -> threading.Thread:
+def watch_parent(parent: ParentLink) -> threading.Thread:
     config = get_config()
-    thread = threading.Thread(target=_watch, args=(client, config.heartbeat_interval, config.heartbeat_timeout),
+    thread = threading.Thread(target=_watch, args=(parent, config.heartbeat_interval, config.heartbeat_timeout),
                               name="fiberrl-lifeline", daemon=True)
     thread.start()
     return thread
 
 
-def _watch(client: Client, interval: float, timeout: float) -> None:
+def _watch(parent: ParentLink, interval: float, timeout: float) -> None:
     while True:
-        client.wait_lost(interval)
+        parent.wait_lost(interval)
         try:
-            client.request(PING, timeout=timeout)
+            parent.request(PING, timeout=timeout)
         except (PeerGone, TimeoutError) as exc:
-            _die(f"parent at {client.address} is gone ({exc})")
+            _die(f"parent at {parent.address} is gone ({exc})")
 
 
 def _die(reason: str) -> None:

@@ -13,7 +13,8 @@ import os
 import sys
 import threading
 
-from .transport import Client, PeerGone
+from .parent_link import ParentLink
+from .transport import PeerGone
 
 # set in a job's environment when its backend does not share the parent's terminal
 FORWARD_OUTPUT_ENV = "FIBERRL_FORWARD_OUTPUT"
@@ -24,7 +25,7 @@ DRAIN_SECONDS = 2.0  # at exit, how long a grandchild still holding a descriptor
 class OutputForwarder:
     """Replaces fd 1 and 2 of this process with pipes read by one thread each."""
 
-    def __init__(self, parent: Client, op: int):
+    def __init__(self, parent: ParentLink, op: int):
         self._parent = parent
         self._op = op
         self._streams: list[tuple[int, int, threading.Thread]] = []  # (fd, its original, reader)
@@ -50,7 +51,7 @@ class OutputForwarder:
                 pass  # the cluster's log is a copy: losing it loses nothing the parent has not got
             if forwarding:
                 try:
-                    self._parent.post(self._op, parts=[bytes((fd,)), chunk])
+                    self._parent.request(self._op, bytes((fd,)) + chunk)
                 except (PeerGone, TimeoutError):
                     forwarding = False  # the parent is gone; the lifeline ends this process
         os.close(read_end)
@@ -67,10 +68,6 @@ class OutputForwarder:
         for _, original, reader in self._streams:
             reader.join(DRAIN_SECONDS)
             os.close(original)
-        try:
-            self._parent.flush()
-        except (PeerGone, TimeoutError):
-            pass
 
 
 def write_forwarded(body: memoryview) -> None:

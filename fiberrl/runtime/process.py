@@ -169,7 +169,7 @@ class Process(BaseProcess):
         env = dict(os.environ)
         env.update({
             auth.SECRET_ENV: auth.run_secret().hex(),
-            PARENT_ADDRESS_ENV: hub.address,
+            PARENT_ADDRESS_ENV: hub.child_address,
             PROCESS_ID_ENV: process_id.hex(),
             CONFIG_ENV: serialize(get_config()),
         })

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from urllib.parse import urlparse
 
 from .common import DockerError
 from .probes import can_bind, interface_address, route_source
@@ -45,7 +44,7 @@ class NetworkMixin:
         if parent:
             # a job: its jobs share its network, and its address there is the one
             # it reaches its own parent from (no Docker API needed to find it)
-            address = route_source(urlparse(parent).hostname or "")
+            address = route_source(parent.rpartition(":")[0].strip("[]"))  # its address is "host:port"
             if address:
                 return address
         network = self._network()

@@ -1,0 +1,104 @@
+"""A job's link to its parent (fiberrl.runtime.parent_link): real streams and sockets."""
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from fiberrl.runtime.backends import listen_host
+from fiberrl.runtime.hub import LAUNCH, PING, get_hub
+from fiberrl.runtime.parent_link import ChildLinks, ParentLink
+from fiberrl.runtime.transport import ERROR, MISSING, OK, PeerGone
+
+
+def thread_names(_):
+    return sorted(open(f"/proc/self/task/{tid}/comm").read().strip() for tid in os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to list a process's threads")
+def test_a_pool_worker_starts_without_nng():
+    """nng starts a pool of threads in each process that opens a socket (~2.8 ms of
+    CPU, a quarter of a pool worker's start): a job's link to its parent is a stream."""
+    with mp.Pool(2) as pool:
+        names = pool.map(thread_names, range(4), chunksize=1)
+    assert all(not any(name.startswith("nng") for name in worker) for worker in names), names
+
+
+def test_the_hub_answers_a_job_and_refuses_what_it_does_not_know():
+    link = ParentLink(get_hub().child_address, connect_timeout=10)
+    try:
+        assert link.request(PING, timeout=10)[0] == OK
+        assert link.request(LAUNCH, os.urandom(16), timeout=10)[0] == MISSING  # no such job
+        status, payload = link.request(99, b"what", timeout=10)
+        assert status == ERROR and b"unknown request 99" in bytes(payload)
+        assert link.request(PING, timeout=10)[0] == OK  # the link still serves
+    finally:
+        link.close()
+
+
+def test_a_stranger_without_the_secret_gets_nothing():
+    host, _, port = get_hub().child_address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall((33).to_bytes(8, "little") + bytes((LAUNCH,)) + os.urandom(32))
+        sock.settimeout(10)
+        received = b""
+        while chunk := sock.recv(4096):  # the handshake fails: closed without a launch payload
+            received += chunk
+        assert len(received) < 64
+
+
+@pytest.fixture
+def links():
+    made = []
+
+    def make(handle):
+        made.append(ChildLinks(listen_host(), handle))
+        return made[-1]
+    yield make
+    for parent in made:
+        parent.close()
+
+
+def test_the_job_sees_its_parent_hang_up_at_once(links):
+    parent = links(lambda op, body: (OK, b""))
+    link = ParentLink(parent.address, connect_timeout=10)
+    assert link.request(PING, timeout=10)[0] == OK
+    assert not link.wait_lost(0.2) and link.alive
+    threading.Timer(0.2, parent.close).start()
+    start = time.monotonic()
+    assert link.wait_lost(30)
+    assert time.monotonic() - start < 5
+    with pytest.raises(PeerGone):
+        link.request(PING, timeout=10)
+
+
+def test_a_request_that_times_out_ends_the_link(links):
+    """Its late reply would otherwise answer the next request."""
+    def slow(op, body):
+        time.sleep(1.0)
+        return OK, bytes(body)
+    link = ParentLink(links(slow).address, connect_timeout=10)
+    with pytest.raises(TimeoutError):
+        link.request(PING, b"first", timeout=0.1)
+    assert not link.alive
+    with pytest.raises(PeerGone):
+        link.request(PING, b"second", timeout=10)
+
+
+def test_replies_come_in_order_to_many_threads(links):
+    link = ParentLink(links(lambda op, body: (OK, bytes(body))).address, connect_timeout=10)
+    wrong = []
+
+    def ask(i):
+        for j in range(200):
+            body = f"{i}-{j}".encode()
+            if bytes(link.request(PING, body, timeout=30)[1]) != body:
+                wrong.append(body)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
