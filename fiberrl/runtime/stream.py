@@ -385,8 +385,13 @@ class Listener:
             if local:
                 stream.trust_ring()
                 stream.offer_ring()
-        except (OSError, StreamClosed, PermissionError) as exc:
+        except PermissionError as exc:
             log.warning("closed a stream from %s that failed authentication (%s)", stream.peer, exc)
+            stream.close()
+            return
+        except (OSError, StreamClosed) as exc:
+            # most often a job killed while it connected (a pool terminated as its workers start)
+            log.debug("a stream from %s closed during its handshake (%s)", stream.peer, exc)
             stream.close()
             return
         if self._hand_off:
