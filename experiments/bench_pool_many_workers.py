@@ -1,7 +1,7 @@
 """Many workers: ES-shaped iterations (2048 tasks of 50 ms sleep) on 16 to 256
-local workers.  Prints iteration time / ideal, worker start-up time and the
-master's CPU time per task for fiberrl, and multiprocessing.Pool (fork) as
-the peer in the same run.
+local workers.  Prints iteration time / ideal (after one iteration not
+counted), worker start-up time and the master's CPU time per task for
+fiberrl, and multiprocessing.Pool (fork) as the peer in the same run.
 
     python experiments/bench_pool_many_workers.py [--workers 16,64,256] [--iterations 3]
 """
@@ -21,6 +21,7 @@ def evaluate(seed):
 def iterate(pool, iterations: int, workers: int):
     ideal = TASKS * DURATION / workers
     ratios, cpu = [], 0.0
+    pool.map(evaluate, range(TASKS), chunksize=1)  # not counted: the machine settles after the start-up
     for _ in range(iterations):
         cpu_start, start = time.process_time(), time.perf_counter()
         results = pool.map(evaluate, range(TASKS), chunksize=1)
