@@ -1,6 +1,7 @@
 """Pool: the multiprocessing.Pool API, errors, scheduling and resizing."""
 import itertools
 import os
+import sys
 import threading
 import time
 
@@ -171,6 +172,32 @@ def test_no_idle_worker_while_another_has_a_backlog():
         quick = pool.map(pid_after, [0.1] * 10, chunksize=1)
         assert time.monotonic() - start < 1.5, "tasks waited behind the slow one"
         assert slow.get(30) not in quick
+
+
+def timed_sleep(seconds):
+    start = time.monotonic()
+    time.sleep(seconds)
+    return start, time.monotonic()
+
+
+def test_a_worker_with_a_backlog_never_waits_on_the_master_between_chunks():
+    """The next batch is asked for before the last chunk of this one runs.  The
+    master is made slow to answer: this thread holds the GIL in turns of 150 ms
+    that the pool's reading thread waits for (a worker that waited would wait
+    that long between chunks)."""
+    with mp.Pool(1) as pool:
+        pool.map(square, range(2))
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(0.15)
+        try:
+            result = pool.map_async(timed_sleep, [0.4] * 6, chunksize=1)
+            while not result.ready():
+                sum(range(1000))  # busy: the reading thread gets the GIL only after a switch interval
+        finally:
+            sys.setswitchinterval(switch)
+        spans = result.get(30)
+    gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+    assert max(gaps) < 0.08, [f"{gap * 1e3:.1f} ms" for gap in gaps]
 
 
 def test_results_reach_callers_waiting_in_several_threads_at_once():

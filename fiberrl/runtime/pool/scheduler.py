@@ -257,8 +257,9 @@ class Scheduler:
             if ask:
                 replies = self._park(request)
             else:
+                # the worker may have asked for more already: it gets it, or is retired, now
                 self._classify(worker)
-                replies = self._dispatch()
+                replies = self._dispatch() + self._retire_if_done(worker)
             if (self._lazy and len(self._pending) < self._watermark()) or \
                     (self.state == CLOSE and not self._pending and not self._lazy):
                 self._wake.notify_all()  # more input to pull, or the close may be complete
@@ -291,6 +292,7 @@ class Scheduler:
             batches.setdefault(worker, []).append(chunk)
             self._classify(worker)
         replies = []
+        backlog = bytes((bool(self._pending or self._lazy),))  # the worker asks again before it runs out
         for worker, chunks in batches.items():
             request, worker.parked = worker.parked, None
             self._classify(worker)
@@ -302,7 +304,7 @@ class Scheduler:
                     blobs.append(self._funcs[chunk.func_id])
                 meta.append(CHUNK.pack(chunk.id, chunk.func_id, new_func, chunk.star))
                 blobs.append(chunk.args)
-            replies.append((request, OK, wire.frames([b"".join(meta), *blobs])))
+            replies.append((request, OK, wire.frames([backlog + b"".join(meta), *blobs])))
         return replies
 
     def _retire_if_done(self, worker: Worker) -> list:

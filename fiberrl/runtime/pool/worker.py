@@ -1,12 +1,15 @@
 """The loop every pool worker runs.
 
-Two messages per chunk over the worker's stream to the master: the master's
-reply carries the chunks (up to its prefetch when it has a backlog), and the
-result of the last chunk of a batch travels in the worker's next request for
-work, which the master parks until it has more.  Results of earlier chunks
-of a batch are sent as soon as each is done, without an answer.  Chunks run
-one after another in the order received, which is how the master knows
-which chunk was running when a worker died.
+The master's reply to a request for work carries a batch of chunks (up to
+its prefetch) and says whether more work is waiting.  Results of a batch's
+chunks are sent as soon as each is done, without an answer.  When no more
+work was waiting, the result of the last chunk travels in the worker's next
+request for work, which the master parks until it has more (two messages a
+chunk).  When more was waiting, the worker asks for its next batch before
+it starts its last chunk, so that the batch arrives while that chunk runs
+and the worker never waits on the master between chunks.  Chunks run one
+after another in the order received, which is how the master knows which
+chunk was running when a worker died.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from ..transport import OK
 
 W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
 WORKER_ID = struct.Struct("<q")
-# what the master says of each chunk it sends: id, function id, whether the
-# function's pickle comes with it, whether its tasks take *args
+# a batch's first part: one byte, whether more work is waiting, then for each
+# chunk: its id, function id, whether the function's pickle comes with it,
+# whether its tasks take *args
 CHUNK = struct.Struct("<qq??")
 # what a worker says of each result it sends: chunk id, whether it succeeded
 REPORT = struct.Struct("<q?")
@@ -76,17 +80,24 @@ def run_worker(master: str, worker_id: int, initializer, initargs) -> None:
         status, payload = ask(W_GET)
         while status == OK:  # anything else: the master retires this worker
             parts = wire.split(payload)
-            batch = list(CHUNK.iter_unpack(parts[0]))
+            backlog = parts[0][0]
+            batch = list(CHUNK.iter_unpack(parts[0][1:]))
             blobs = iter(parts[1:])
             for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
+                last = i + 1 == len(batch)
+                if last and backlog:
+                    stream.send([bytes((W_GET,))])
                 if has_func:
                     funcs[func_id] = load_function(next(blobs))
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
                 report = wire.frames([REPORT.pack(chunk_id, ok), blob])
-                if i + 1 < len(batch):
-                    stream.send([bytes((W_RESULT,)), *report])
-                else:
+                if last and not backlog:
                     status, payload = ask(W_RESULT_GET, report)
+                else:
+                    stream.send([bytes((W_RESULT,)), *report])
+            if backlog:
+                reply = stream.recv()
+                status, payload = reply[0], memoryview(reply)[1:]
     except StreamClosed:
         pass  # the master is gone; so is the work
     finally:
