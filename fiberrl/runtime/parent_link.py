@@ -17,6 +17,7 @@ import threading
 import time
 
 from .stream import Listener, Stream, StreamClosed, connect
+from .stream_pump import StreamPump
 from .transport import ERROR, PeerGone
 
 # the kernel says a peer hung up without a byte being read (Linux; elsewhere a heartbeat finds out)
@@ -28,8 +29,6 @@ class ChildLinks:
     with ``handle(op, body) -> (status, payload)``, on one thread for all."""
 
     def __init__(self, host: str, handle):
-        from .pool.pump import StreamPump  # the pool package imports the runtime that imports this
-
         self._handle = handle
         self._extra: list[Listener] = []
         self._pump = StreamPump(self._on_frames, lambda stream, key: None, "fiberrl-child-links")

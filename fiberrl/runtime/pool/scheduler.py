@@ -24,8 +24,8 @@ from .. import wire
 from ..backends import listen_host
 from ..process import Process
 from ..stream import Listener, Stream, StreamClosed
+from ..stream_pump import StreamPump
 from ..transport import CLOSED, OK
-from .pump import StreamPump
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
 from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 

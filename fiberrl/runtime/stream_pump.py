@@ -1,5 +1,5 @@
-"""Reads what a pool's workers send, for all workers at once, on whichever
-thread is waiting for a result.
+"""Reads many streams at once -- a pool's workers, the links of a process's
+jobs -- on whichever thread is waiting for a result.
 
 A thread per worker made every result cross two threads before the caller
 saw it (the worker's reader, then the caller woken by it); measured on the
@@ -23,9 +23,9 @@ import selectors
 import threading
 import time
 
-from ..stream import Stream, StreamClosed
+from .stream import Stream, StreamClosed
 
-log = logging.getLogger("fiberrl.pool")
+log = logging.getLogger("fiberrl")
 # how long after a caller stopped reading the background thread waits before
 # taking over: a caller that comes straight back (the next get of a wave)
 # finds the streams still its own
@@ -202,7 +202,7 @@ class StreamPump:
                 try:
                     self._on_frames(stream, key, frames)
                 except Exception:
-                    log.exception("handling a message from a pool worker failed")
+                    log.exception("handling a message from %s failed", stream.peer)
                 finally:
                     handling.pop()
             self._rearm(fd)
