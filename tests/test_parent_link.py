@@ -38,7 +38,7 @@ def test_the_hub_answers_a_job_and_refuses_what_it_does_not_know():
         link.close()
 
 
-def test_a_stranger_without_the_secret_gets_nothing():
+def test_a_stranger_without_the_secret_gets_nothing_and_is_reported(caplog):
     host, _, port = get_hub().child_address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall((33).to_bytes(8, "little") + bytes((LAUNCH,)) + os.urandom(32))
@@ -47,6 +47,16 @@ def test_a_stranger_without_the_secret_gets_nothing():
         while chunk := sock.recv(4096):  # the handshake fails: closed without a launch payload
             received += chunk
         assert len(received) < 64
+    assert any("failed authentication" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_a_peer_gone_during_its_handshake_is_no_alarm(caplog):
+    """A job killed as it connects (a pool terminated while its workers start) is not an attack."""
+    host, _, port = get_hub().child_address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10):
+        pass
+    time.sleep(0.5)
+    assert not any("failed authentication" in r.getMessage() for r in caplog.records)
 
 
 @pytest.fixture

@@ -57,6 +57,10 @@ class StreamClosed(ConnectionError):
     """The other end of a stream went away."""
 
 
+class PeerMisbehaved(StreamClosed):
+    """The other end sent what no peer of this run sends; the stream is ended."""
+
+
 class Stream:
     """One authenticated connection; ``send`` is thread-safe, ``recv`` is for one reader at a time."""
 
@@ -156,9 +160,9 @@ class Stream:
                     flags, size = length & _FLAGS, length & ~_FLAGS
                     length = shared_frames.WHERE.size if flags == IN_RING else 0
                     if size > limit:
-                        raise StreamClosed(f"{self.peer} sent a frame of {size} bytes: refused")
+                        raise PeerMisbehaved(f"{self.peer} sent a frame of {size} bytes: refused")
                 elif length > limit:
-                    raise StreamClosed(f"{self.peer} sent a frame of {length} bytes: refused")
+                    raise PeerMisbehaved(f"{self.peer} sent a frame of {length} bytes: refused")
                 begin = self._start + _LENGTH.size
                 if held - _LENGTH.size >= length:
                     self._start = begin + length
@@ -169,7 +173,7 @@ class Stream:
                         try:
                             return ring.take(self._view[begin:self._start], size)
                         except ValueError as exc:
-                            raise StreamClosed(f"{self.peer} sent a frame outside its ring: {exc}") from None
+                            raise PeerMisbehaved(f"{self.peer} sent a frame outside its ring: {exc}") from None
                     self._take_offer(flags)
                     continue
                 if _LENGTH.size + length > len(self._buf):
@@ -222,14 +226,14 @@ class Stream:
         if flags != RING_OFFER or not self._offer_allowed or self._ring_in is not None:
             for fd in fds:
                 os.close(fd)
-            raise StreamClosed(f"{self.peer} sent a ring it may not send now")
+            raise PeerMisbehaved(f"{self.peer} sent a ring it may not send now")
         for fd in fds[1:]:
             os.close(fd)
         if fds:
             try:
                 self._ring_in = shared_frames.RingReader(fds[0])
             except (OSError, ValueError) as exc:
-                raise StreamClosed(f"{self.peer} sent a ring that cannot be mapped: {exc}") from None
+                raise PeerMisbehaved(f"{self.peer} sent a ring that cannot be mapped: {exc}") from None
 
     def offer_ring(self) -> None:
         """Hand the peer (which has proved itself) a ring for this side's large frames;
@@ -385,7 +389,7 @@ class Listener:
             if local:
                 stream.trust_ring()
                 stream.offer_ring()
-        except PermissionError as exc:
+        except (PermissionError, PeerMisbehaved) as exc:
             log.warning("closed a stream from %s that failed authentication (%s)", stream.peer, exc)
             stream.close()
             return
