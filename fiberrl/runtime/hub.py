@@ -86,36 +86,34 @@ class Hub:
         """Where the jobs of the configured backend reach this hub (the server
         starts on first use).  A process that switches backends listens on
         each one's host: queues made before the switch keep their address."""
-        host = listen_host()
-        address = self._addresses.get(host)
-        if address is None:
-            with self._lock:
-                address = self._addresses.get(host)
-                if address is None:
-                    if self._server is None:
-                        self._server = Server(host, self._handle, self._forget_requests_of)
-                        address = self._server.address
-                    else:
-                        address = self._server.listen(host)
-                    self._addresses[host] = address
-        return address
+        return self._listening(self._addresses, self._listen_for_objects)
 
     @property
     def child_address(self) -> str:
         """Where the jobs of the configured backend open their link to this process."""
+        return self._listening(self._child_addresses, self._listen_for_children)
+
+    def _listening(self, addresses: dict[str, str], listen) -> str:
         host = listen_host()
-        address = self._child_addresses.get(host)
+        address = addresses.get(host)
         if address is None:
             with self._lock:
-                address = self._child_addresses.get(host)
+                address = addresses.get(host)
                 if address is None:
-                    if self._child_links is None:
-                        self._child_links = ChildLinks(host, self._serve_child)
-                        address = self._child_links.address
-                    else:
-                        address = self._child_links.listen(host)
-                    self._child_addresses[host] = address
+                    address = addresses[host] = listen(host)
         return address
+
+    def _listen_for_objects(self, host: str) -> str:
+        if self._server is None:
+            self._server = Server(host, self._handle, self._forget_requests_of)
+            return self._server.address
+        return self._server.listen(host)
+
+    def _listen_for_children(self, host: str) -> str:
+        if self._child_links is None:
+            self._child_links = ChildLinks(host, self._serve_child)
+            return self._child_links.address
+        return self._child_links.listen(host)
 
     def owns(self, address: str) -> bool:
         return address in self._addresses.values()
