@@ -224,7 +224,9 @@ def image() -> str:
     tag = hashlib.sha256(data).hexdigest()[:16]
     client.import_image_from_data(data, repository=REPOSITORY, tag=tag,
                                   changes=[f"LABEL {INPUTS_LABEL}={key}"])
-    for old in client.images(name=REPOSITORY):  # made from what this machine no longer has
+    # made from what this machine no longer has; an earlier import of the same tag is untagged
+    # by this one, so it is found by its label, not its name
+    for old in client.images(filters={"label": INPUTS_LABEL}):
         if f"{REPOSITORY}:{tag}" not in (old.get("RepoTags") or []):
             try:
                 client.remove_image(old["Id"])
