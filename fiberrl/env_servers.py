@@ -297,7 +297,7 @@ class RemoteEnvs:
         slots = self.slots(k)
         log.warning("env server %d (envs %d-%d) was lost: %s; starting a replacement, its episodes are "
                     "cut short as truncated", k, slots[0], slots[-1],
-                    str(cause).split("\n")[0])
+                    getattr(cause, "reason", None) or str(cause).split("\n")[0])
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             self.generations[k] += 1
             try:

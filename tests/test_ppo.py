@@ -159,7 +159,9 @@ def test_a_killed_env_server_is_replaced_and_training_finishes(tmp_path, caplog)
     assert summary["env_server_restarts"] == 1
     restarts = [m["charts/env_server_restarts"] for m in _metrics(tmp_path / "kill")]
     assert restarts[:2] == [0, 0] and restarts[-1] == 1 and restarts == sorted(restarts)
-    assert any("env server 1" in r.getMessage() and "replacement" in r.getMessage() for r in caplog.records)
+    lost = [r.getMessage() for r in caplog.records if "env server 1" in r.getMessage()]
+    assert lost and "replacement" in lost[0]
+    assert "is gone" in lost[0] and "restart()" not in lost[0]  # the cause, not advice the loop has taken
 
 
 def test_same_result_for_any_split_of_the_envs_over_servers(tmp_path):

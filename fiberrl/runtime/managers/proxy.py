@@ -21,7 +21,12 @@ from .server import CALL_ID, GETVALUE, HEAD, M_CALL, M_CREATE, M_DECREF, M_INCRE
 
 
 class ManagerError(ConnectionError):
-    """The manager's process is gone, so its objects are too."""
+    """The manager's process is gone, so its objects are too.  ``reason`` is
+    what happened, without the advice, for a caller that acts on it itself."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class Connection:
@@ -129,8 +134,9 @@ class ManagerRef:
         self.is_async = is_async
 
     def gone(self, exc) -> ManagerError:
-        return ManagerError(f"{self.name} at {self.address} is gone ({exc}); its objects went with it. "
-                            f"Restart the manager (AsyncManager.restart()) and create them again.")
+        reason = f"{self.name} at {self.address} is gone ({exc})"
+        return ManagerError(f"{reason}; its objects went with it. "
+                            f"Restart the manager (AsyncManager.restart()) and create them again.", reason)
 
     def ask(self, op: int, token: int, parts=()) -> tuple[Connection, int]:
         if _releases:
