@@ -1,5 +1,7 @@
 """``python -m fiberrl algo=es env=cartpole workers=8 seed=0 [algo.sigma=0.05 ...]``
 (``-m`` sweeps: ``python -m fiberrl -m seed=0,1,2 algo.sigma=0.02,0.05``)."""
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
@@ -7,7 +9,7 @@ from fiberrl.app import register_resolvers, run_or_exit
 from fiberrl.config import CONFIG_DIR, register_configs
 
 register_resolvers()
-register_configs()
+register_configs(sys.argv[1:])
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")

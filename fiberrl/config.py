@@ -48,7 +48,9 @@ def algorithm_module(name: str):
     return importlib.import_module(ALGORITHMS[name])
 
 
-def register_configs() -> None:
+def register_configs(command_line: list[str] | None = None) -> None:
+    """Put the schemas in Hydra's ConfigStore: every algorithm's, or, given
+    the command line, only those it can use (see :func:`algorithms_used`)."""
     from algos import ALGORITHMS
 
     store = ConfigStore.instance()
@@ -56,8 +58,27 @@ def register_configs() -> None:
     # under schema/, so they are not offered as choices of the groups they type
     store.store(group="schema/env", name="env", node=EnvConfig)
     store.store(group="schema/backend", name="backend", node=BackendConfig)
-    for name in ALGORITHMS:
+    for name in (ALGORITHMS if command_line is None else algorithms_used(command_line)):
         store.store(group="schema/algo", name=name, node=algorithm_module(name).Config)
+
+
+def algorithms_used(command_line: list[str]) -> list[str]:
+    """The algorithm a command line runs: the one ``algo=`` names, the default
+    one when it names none; all of them when a file may choose (an experiment,
+    another config) or it sweeps.  An algorithm's schema costs the import of
+    its module, torch and all for PPO (about 1.5 s), which ES need not pay."""
+    from algos import ALGORITHMS
+    from omegaconf import OmegaConf
+
+    named = [arg.split("=", 1)[1] for arg in command_line if arg.startswith("algo=")]
+    unsure = [arg for arg in command_line if arg not in ("-m", "--multirun") and not arg.startswith("algo.")
+              and (arg.startswith("-") or "experiment" in arg or ("algo" in arg and not arg.startswith("algo=")))]
+    if unsure or len(named) > 1:
+        return list(ALGORITHMS)
+    if not named:
+        defaults = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "config.yaml").defaults)
+        named = [entry["algo"] for entry in defaults if isinstance(entry, dict) and "algo" in entry]
+    return named if len(named) == 1 and named[0] in ALGORITHMS else list(ALGORITHMS)
 
 
 def compose(overrides=()):

@@ -11,7 +11,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from fiberrl.config import CONFIG_DIR, compose
+from algos import ALGORITHMS
+from fiberrl.config import CONFIG_DIR, algorithms_used, compose
 from fiberrl.envs import check_env_id
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,6 +91,30 @@ def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert fiberrl_cli([*TINY, "resume=/nonexistent/run"], tmp_path).stderr.startswith(
         "error: resume=/nonexistent/run: not a run directory")
+
+
+@pytest.mark.parametrize("command_line, used", [
+    ([], ["es"]),
+    (["algo=ppo", "env=breakout", "algo.learning_rate=1e-4"], ["ppo"]),
+    (["-m", "seed=0,1", "algo.sigma=0.02,0.05"], ["es"]),
+    (["-m", "algo=es,ppo"], list(ALGORITHMS)),
+    (["+experiment=ppo_cartpole"], list(ALGORITHMS)),
+    (["algo=nope"], list(ALGORITHMS)),
+    (["--cfg", "job", "algo=es"], list(ALGORITHMS)),
+])
+def test_a_command_line_registers_only_the_algorithm_it_runs(command_line, used):
+    assert algorithms_used(command_line) == used
+
+
+def test_an_es_run_does_not_import_torch(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "fiberrl", *TINY,
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "fiberrl.app" in imported and "torch" not in imported
 
 
 def test_sweep_runs_every_combination(tmp_path):
