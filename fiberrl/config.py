@@ -71,8 +71,9 @@ def algorithms_used(command_line: list[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     named = [arg.split("=", 1)[1] for arg in command_line if arg.startswith("algo=")]
-    unsure = [arg for arg in command_line if arg not in ("-m", "--multirun") and not arg.startswith("algo.")
-              and (arg.startswith("-") or "experiment" in arg or ("algo" in arg and not arg.startswith("algo=")))]
+    keys = [arg.lstrip("+~").split("=", 1)[0] for arg in command_line
+            if arg not in ("-m", "--multirun") and not arg.startswith("algo=")]
+    unsure = [key for key in keys if key.startswith(("-", "experiment", "algo")) and not key.startswith("algo.")]
     if unsure or len(named) > 1:
         return list(ALGORITHMS)
     if not named:

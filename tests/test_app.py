@@ -101,6 +101,8 @@ def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
     (["+experiment=ppo_cartpole"], list(ALGORITHMS)),
     (["algo=nope"], list(ALGORITHMS)),
     (["--cfg", "job", "algo=es"], list(ALGORITHMS)),
+    (["~algo"], list(ALGORITHMS)),
+    (["hydra.run.dir=/data/experiments/algo"], ["es"]),
 ])
 def test_a_command_line_registers_only_the_algorithm_it_runs(command_line, used):
     assert algorithms_used(command_line) == used
