@@ -219,3 +219,36 @@ def test_preloaded_modules_are_imported_by_the_server_before_it_forks(tmp_path):
 def test_preload_takes_module_names():
     with pytest.raises(TypeError, match="list of module names"):
         mp.set_forkserver_preload("numpy")
+
+
+UNGUARDED_SCRIPT = '''
+import fiberrl.runtime as mp
+
+mp.configure(local_fork_server={server})
+
+
+def double(x):
+    return 2 * x
+
+
+job = mp.Process(target=double, args=(1,))
+job.start()
+job.join()
+print("exit code", job.exitcode)
+'''
+
+
+@pytest.mark.parametrize("server", [True, False])
+def test_a_script_that_starts_jobs_unguarded_is_told_where_and_how_to_fix_it(tmp_path, server):
+    """Every job imports its parent's main module; one that starts processes
+    there would start them again in every job (and, before, the fork server
+    ran the whole script).  The job refuses, naming the line."""
+    import subprocess
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.format(server=server))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "exit code 1\n", (out.stdout, out.stderr)
+    assert f"cannot run: {script}, line 12: a process was started while a job imported its parent's main " \
+           f"module" in out.stderr, out.stderr
+    assert 'under `if __name__ == "__main__":`' in out.stderr and "Traceback" not in out.stderr

@@ -2,7 +2,6 @@
 fetch the pickled ``Process``, become it, run it, exit with its code."""
 from __future__ import annotations
 
-import multiprocessing.spawn
 import os
 import pickle
 import sys
@@ -15,6 +14,7 @@ from .config import get_config
 from .connection import close_active_connections
 from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
+from .main_module import import_parents_main, refused_start
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .parent_link import ParentLink
 from .transport import OK, PeerGone
@@ -61,11 +61,15 @@ def main() -> None:
 
     prep, body = pickle.loads(payload)
     try:
-        multiprocessing.spawn.prepare(prep)  # re-import the parent's __main__ as __mp_main__
+        import_parents_main(prep)
         process = cloudpickle.loads(body)
-    except BaseException:
-        _report(parent, f"Process {prep.get('name', '?')} (pid {os.getpid()}) could not load its target "
-                        f"(is it importable in the child?):\n{traceback.format_exc()}")
+    except BaseException as exc:
+        name = f"Process {prep.get('name', '?')} (pid {os.getpid()})"
+        if refused_start() is not None:  # an unguarded script: the cause is all there is to say
+            _report(parent, f"{name} cannot run: {exc}")
+        else:
+            _report(parent, f"{name} could not load its target (is it importable in the child?):\n"
+                            f"{traceback.format_exc()}")
         os._exit(1)
     process_module._become(process)
 

@@ -1,10 +1,12 @@
 """What a job needs to import its parent's main module, as multiprocessing's
 spawn hands it over (the main script's path or module name, sys.path, the
-working directory)."""
+working directory), and the import itself."""
 from __future__ import annotations
 
 import multiprocessing.spawn
 import os
+import sys
+import threading
 
 
 def preparation_data(name: str) -> dict:
@@ -16,3 +18,47 @@ def preparation_data(name: str) -> dict:
         # functions travel by value (cloudpickle), so the job can do without it
         del prep["init_main_from_path"]
     return prep
+
+
+_importing = False  # this process is importing its parent's main module
+_refused: str | None = None  # where that import tried to start a process
+
+
+def import_parents_main(prep: dict) -> None:
+    """Import the parent's main module as ``__mp_main__``, as every job does to
+    find its target (and the fork server once for all of them)."""
+    global _importing
+    _importing = True
+    try:
+        multiprocessing.spawn.prepare(prep)
+    finally:
+        _importing = False
+
+
+def check_not_importing_main() -> None:
+    """Refuse to start a process from the parent's main module as a job imports
+    it: a script that starts its pool unguarded would start one in every job."""
+    global _refused
+    if not _importing:
+        return
+    _refused = _line_of_main() or "the parent's main module"
+    raise RuntimeError(f"{_refused}: a process was started while a job imported its parent's main module, as every "
+                       f"job does to find its target; start processes, pools and managers only in the parent, "
+                       f"under `if __name__ == \"__main__\":`")
+
+
+def refused_start() -> str | None:
+    """Where importing the parent's main module tried to start a process, if it did."""
+    return _refused
+
+
+def _line_of_main() -> str | None:
+    """The line of ``__mp_main__`` being run: on this thread, or on the main
+    thread when the start came from a thread (a pool's) the import began."""
+    main_thread = sys._current_frames().get(threading.main_thread().ident)
+    for frame in (sys._getframe(), main_thread):
+        while frame is not None:
+            if frame.f_globals.get("__name__") == "__mp_main__":
+                return f"{frame.f_code.co_filename}, line {frame.f_lineno}"
+            frame = frame.f_back
+    return None

@@ -23,7 +23,7 @@ from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, star
 from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
 from .hub import get_hub
-from .main_module import preparation_data
+from .main_module import check_not_importing_main, preparation_data
 from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
 
@@ -154,6 +154,7 @@ class Process(BaseProcess):
 
     def start(self) -> None:
         self._check_usable()
+        check_not_importing_main()
         if self._job is not None:
             raise AssertionError("cannot start a process twice")
         if self._parent_pid != os.getpid():

@@ -23,7 +23,6 @@ with ``local_fork_server`` off.
 from __future__ import annotations
 
 import importlib
-import multiprocessing.spawn
 import os
 import pickle
 import select
@@ -33,7 +32,7 @@ import subprocess
 import sys
 import threading
 
-from ..main_module import preparation_data
+from ..main_module import import_parents_main, preparation_data
 
 _MESSAGE = 1 << 20
 SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.backends.forkserver import serve; serve()"]
@@ -186,7 +185,7 @@ def serve() -> None:
 def _preload(prep: dict) -> None:
     """Import the parent's main module as each job would, so that jobs find it imported."""
     try:
-        multiprocessing.spawn.prepare(prep)
+        import_parents_main(prep)
     except BaseException:  # noqa: BLE001 -- each job imports it again and reports the error itself
         pass
 
