@@ -252,3 +252,37 @@ def test_a_script_that_starts_jobs_unguarded_is_told_where_and_how_to_fix_it(tmp
     assert f"cannot run: {script}, line 12: a process was started while a job imported its parent's main " \
            f"module" in out.stderr, out.stderr
     assert 'under `if __name__ == "__main__":`' in out.stderr and "Traceback" not in out.stderr
+
+
+MODULE_LEVEL_QUEUE_SCRIPT = '''
+import fiberrl.runtime as mp
+
+results = mp.Queue()  # made again by every job that imports this module: the job's own
+
+
+def work(out):
+    inner = mp.Queue()
+    inner.put(3)
+    out.put(inner.get(timeout=30) * 2)
+
+
+if __name__ == "__main__":
+    job = mp.Process(target=work, args=(results,))
+    job.start()
+    print(results.get(timeout=60))
+    job.join()
+    with mp.Pool(2) as pool:
+        print(pool.map(abs, [-1, -2]), job.exitcode)
+'''
+
+
+def test_a_main_module_that_starts_the_runtime_when_imported_still_runs_its_jobs(tmp_path):
+    """A module-level Queue starts the runtime (hub, nng threads, a secret of its
+    own) in whatever imports the module, the fork server included; jobs forked
+    from there could not reach their parent.  The server starts afresh without it."""
+    import subprocess
+    script = tmp_path / "module_level_queue.py"
+    script.write_text(MODULE_LEVEL_QUEUE_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "6\n[1, 2] 0\n", (out.stdout, out.stderr)

@@ -51,6 +51,12 @@ def run_secret() -> bytes:
     return _secret
 
 
+def secret_known() -> bool:
+    """Whether this process has read or made the run's secret, as every
+    connection of the runtime does first."""
+    return _secret is not None
+
+
 def run_id(secret: bytes | None = None) -> str:
     """A public name of the run with ``secret`` (this run's by default), the
     same in all its processes (labels, job names); it reveals nothing of the secret."""

@@ -17,8 +17,11 @@ forkserver does), and before each fork the modules named with
 :func:`set_forkserver_preload`, so the jobs inherit them and what they
 import: a script importing torch costs each job ~1.7 s of CPU otherwise,
 ES's workers ~0.36 s of numpy and gymnasium.  A main module that starts
-threads when imported (not under ``if __name__ == "__main__"``) should run
-with ``local_fork_server`` off.
+threads or the runtime when imported (a module-level ``Queue`` or
+``Manager``, not under ``if __name__ == "__main__"``) would leave the server
+unsafe to fork from, and every job with the server's hub and nng threads:
+the server then starts afresh without it, and each job imports the main
+module itself.
 """
 from __future__ import annotations
 
@@ -32,9 +35,12 @@ import subprocess
 import sys
 import threading
 
+from .. import auth
 from ..main_module import import_parents_main, preparation_data
 
 _MESSAGE = 1 << 20
+_SOCKET_ENV = "FIBERRL_FORK_SERVER_FD"
+_WITHOUT_MAIN_ENV = "FIBERRL_FORK_SERVER_WITHOUT_MAIN"  # set when the server starts afresh
 SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.backends.forkserver import serve; serve()"]
 _preload_modules: list[str] = []
 
@@ -80,7 +86,7 @@ class ForkServer:
 
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, FIBERRL_FORK_SERVER_FD=str(theirs.fileno()))
+        env = dict(os.environ, **{_SOCKET_ENV: str(theirs.fileno())})
         self._server = subprocess.Popen(SERVER_COMMAND, env=env, pass_fds=[theirs.fileno()],
                                         stdin=subprocess.DEVNULL, close_fds=True)
         theirs.close()
@@ -162,12 +168,15 @@ def _standard_fds() -> tuple[list[int], list[int]]:
 
 def serve() -> None:
     """The fork server's loop: fork a job per request, report exits."""
-    sock = socket.socket(fileno=int(os.environ.pop("FIBERRL_FORK_SERVER_FD")))
+    sock = socket.socket(fileno=int(os.environ.pop(_SOCKET_ENV)))
     import fiberrl.runtime.child  # noqa: F401 -- what every job imports first, done once here
-    message = sock.recv(_MESSAGE)
-    if not message:  # the parent is gone already
-        os._exit(0)
-    _preload(pickle.loads(message))
+    if not os.environ.pop(_WITHOUT_MAIN_ENV, None):
+        message = sock.recv(_MESSAGE)
+        if not message:  # the parent is gone already
+            os._exit(0)
+        _preload(pickle.loads(message))
+        if threading.active_count() > 1 or auth.secret_known():
+            _start_afresh_without_main(sock)
 
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -188,6 +197,17 @@ def _preload(prep: dict) -> None:
         import_parents_main(prep)
     except BaseException:  # noqa: BLE001 -- each job imports it again and reports the error itself
         pass
+
+
+def _start_afresh_without_main(sock: socket.socket) -> None:
+    """Replace this process with a fresh server that does not import the main
+    module: importing it started threads or the runtime, which forked jobs
+    cannot inherit (their locks, nng's threads, a hub that is not theirs)."""
+    os.set_inheritable(sock.fileno(), True)
+    env = dict(os.environ, **{_SOCKET_ENV: str(sock.fileno()), _WITHOUT_MAIN_ENV: "1"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, SERVER_COMMAND, env)
 
 
 def _import(modules: list[str]) -> None:
