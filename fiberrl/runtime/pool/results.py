@@ -3,8 +3,10 @@ of results arrive from the workers."""
 from __future__ import annotations
 
 import _thread
+import builtins
 import collections
 import logging
+import multiprocessing
 import threading
 
 
@@ -25,6 +27,11 @@ class WorkerLostError(RuntimeError):
 
 class PoolTerminated(RuntimeError):
     """The pool was terminated before this result arrived."""
+
+
+class TimeoutError(multiprocessing.TimeoutError, builtins.TimeoutError):  # noqa: A001 -- multiprocessing's name
+    """A result not ready in time: caught as ``multiprocessing.TimeoutError``,
+    as code written for it expects, and as the built-in ``TimeoutError``."""
 
 
 def with_remote_traceback(exc: BaseException, tb: str | None) -> BaseException:

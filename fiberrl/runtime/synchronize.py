@@ -1,0 +1,178 @@
+"""``multiprocessing``'s module-level shared objects (``Lock``, ``Event``,
+``Value``, ``Array``...) for processes that may run on other hosts.
+
+They cannot live in shared memory, so they live in one ``SyncManager`` that
+this process starts the first time it makes one (a job on the configured
+backend, stopped at exit), and each is a proxy of it: pass it to a
+``Process`` or a pool's ``initargs`` as with ``multiprocessing``.  Each
+operation is a round trip to the manager.  ``Value`` and ``Array`` come with
+a lock of their own (``get_lock()``, ``with v.get_lock(): v.value += 1``).
+"""
+from __future__ import annotations
+
+import array
+import os
+import threading
+from multiprocessing.sharedctypes import typecode_to_type
+
+from .managers import SyncManager
+
+_manager: SyncManager | None = None
+_manager_pid: int | None = None
+_manager_lock = threading.Lock()
+_TYPECODES = {ctype: code for code, ctype in typecode_to_type.items()}
+
+
+def _run_manager() -> SyncManager:
+    """This process's manager for its shared objects, started on first use."""
+    global _manager, _manager_pid
+    with _manager_lock:
+        if _manager is None or _manager_pid != os.getpid():
+            manager = SyncManager()
+            manager.start()
+            _manager, _manager_pid = manager, os.getpid()
+        return _manager
+
+
+def shutdown_manager() -> None:
+    """Stop this process's manager now rather than at exit; its objects are gone."""
+    global _manager
+    with _manager_lock:
+        manager, _manager = _manager, None
+    if manager is not None and _manager_pid == os.getpid():
+        manager.shutdown()
+
+
+def Lock():  # noqa: N802 -- multiprocessing's names, here and below
+    return _run_manager().Lock()
+
+
+def RLock():  # noqa: N802
+    return _run_manager().RLock()
+
+
+def Semaphore(value: int = 1):  # noqa: N802
+    return _run_manager().Semaphore(value)
+
+
+def BoundedSemaphore(value: int = 1):  # noqa: N802
+    return _run_manager().BoundedSemaphore(value)
+
+
+def Event():  # noqa: N802
+    return _run_manager().Event()
+
+
+def Condition(lock=None):  # noqa: N802
+    if lock is not None:
+        raise ValueError("fiberrl.runtime.Condition makes its own lock, which lives in the manager beside it; "
+                         "call Condition() and use it as the lock")
+    return _run_manager().Condition()
+
+
+def Barrier(parties: int, action=None, timeout: float | None = None):  # noqa: N802
+    return _run_manager().Barrier(parties, action, timeout)
+
+
+def JoinableQueue(maxsize: int = 0):  # noqa: N802
+    return _run_manager().JoinableQueue(maxsize)
+
+
+def _typecode(typecode_or_type) -> str:
+    if isinstance(typecode_or_type, str):
+        if typecode_or_type not in typecode_to_type:
+            raise ValueError(f"unknown typecode {typecode_or_type!r}; use one of {''.join(typecode_to_type)}")
+        return typecode_or_type
+    try:
+        return _TYPECODES[typecode_or_type]
+    except KeyError:
+        raise TypeError(f"{typecode_or_type!r} is not a ctypes type of a number; shared Values and Arrays hold "
+                        f"numbers ({', '.join(sorted(t.__name__ for t in _TYPECODES))})") from None
+
+
+def RawValue(typecode_or_type, *args):  # noqa: N802
+    """A shared number (``.value``) with no lock."""
+    code = _typecode(typecode_or_type)
+    initial = typecode_to_type[code](*args).value  # as ctypes converts it (0 when not given)
+    return _run_manager().Value(code, initial)
+
+
+def RawArray(typecode_or_type, size_or_initializer):  # noqa: N802
+    """A shared array of numbers with no lock."""
+    code = _typecode(typecode_or_type)
+    if isinstance(size_or_initializer, int):
+        size_or_initializer = [0] * size_or_initializer
+    return _run_manager().Array(code, list(array.array(code, size_or_initializer)))
+
+
+def Value(typecode_or_type, *args, lock=True):  # noqa: N802
+    """A shared number, ``.value``, with its lock (``get_lock()``) unless ``lock=False``."""
+    raw = RawValue(typecode_or_type, *args)
+    return raw if lock is False else Synchronized(raw, Lock() if lock is True else lock)
+
+
+def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
+    """A shared array of numbers with its lock (``get_lock()``) unless ``lock=False``."""
+    raw = RawArray(typecode_or_type, size_or_initializer)
+    if lock is False:
+        return raw
+    return SynchronizedArray(raw, Lock() if lock is True else lock, _typecode(typecode_or_type))
+
+
+class SynchronizedBase:
+    """A shared object and the lock that guards it, as in ``multiprocessing``."""
+
+    def __init__(self, obj, lock):
+        self._obj, self._lock = obj, lock
+
+    def get_obj(self):
+        return self._obj
+
+    def get_lock(self):
+        return self._lock
+
+    def acquire(self, *args):
+        return self._lock.acquire(*args)
+
+    def release(self):
+        return self._lock.release()
+
+    def __enter__(self):
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} wrapper for {self._obj!r}>"
+
+
+class Synchronized(SynchronizedBase):
+    @property
+    def value(self):
+        return self._obj.value
+
+    @value.setter
+    def value(self, value):
+        self._obj.value = value
+
+
+class SynchronizedArray(SynchronizedBase):
+    def __init__(self, obj, lock, typecode: str):
+        super().__init__(obj, lock)
+        self._typecode = typecode
+
+    def __len__(self):
+        return len(self._obj)
+
+    def __getitem__(self, index):
+        item = self._obj[index]
+        return item.tolist() if isinstance(item, array.array) else item  # a slice is a list, as in multiprocessing
+
+    def __setitem__(self, index, value):
+        if isinstance(index, slice):
+            value = array.array(self._typecode, value)
+        self._obj[index] = value
+
+    def __iter__(self):
+        return iter(self[:])

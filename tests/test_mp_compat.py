@@ -1,0 +1,112 @@
+"""The rest of multiprocessing's module-level API: shared objects made with
+``mp.Lock()``, ``mp.Value()``... (served by a manager the process starts on
+first use), start methods and contexts, its exceptions and its logger."""
+import ctypes
+import logging
+import multiprocessing
+import time
+
+import pytest
+
+import fiberrl.runtime as mp
+from fiberrl.runtime.synchronize import shutdown_manager
+
+
+@pytest.fixture(autouse=True)
+def stop_the_shared_objects_manager():
+    yield
+    shutdown_manager()  # it would live until exit, and the suite checks each test leaves no process
+
+
+def add_under_lock(counter, total, times):
+    for _ in range(times):
+        with counter.get_lock():
+            counter.value += 1
+    with total.get_lock():
+        total[0] += times
+        total[1:3] = [7, 8]
+
+
+def test_value_and_array_with_their_locks_lose_no_update_between_processes():
+    counter = mp.Value("i", 0)
+    total = mp.Array(ctypes.c_double, 3)
+    workers = [mp.Process(target=add_under_lock, args=(counter, total, 25)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    assert counter.value == 75
+    assert total[:] == [75.0, 7.0, 8.0] and len(total) == 3 and list(total) == total[:]
+    assert mp.Value(ctypes.c_double, 1.5, lock=False).value == 1.5
+    assert mp.RawArray("i", [1, 2])[:].tolist() == [1, 2]  # raw: the manager's array itself
+    with pytest.raises(TypeError, match="not a ctypes type of a number"):
+        mp.Value(ctypes.c_char_p, b"x")
+
+
+def wait_then_report(ready, go, barrier, queue):
+    ready.set()
+    assert go.wait(30)
+    barrier.wait(30)
+    queue.put("through")
+    queue.task_done()
+
+
+def test_events_barriers_locks_and_joinable_queues_work_between_processes():
+    ready, go, barrier, queue = mp.Event(), mp.Event(), mp.Barrier(3), mp.JoinableQueue()
+    workers = [mp.Process(target=wait_then_report, args=(ready, go, barrier, queue)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    assert ready.wait(30) and not go.is_set()
+    go.set()
+    barrier.wait(30)  # the third party: every worker got here too
+    assert sorted(queue.get(timeout=30) for _ in workers) == ["through", "through"]
+    for w in workers:
+        w.join(30)
+    assert [w.exitcode for w in workers] == [0, 0]
+    lock, rlock, semaphore = mp.Lock(), mp.RLock(), mp.BoundedSemaphore(2)
+    assert lock.acquire() and not lock.acquire(False)
+    lock.release()
+    with rlock, rlock:  # re-entrant
+        pass
+    assert semaphore.acquire() and semaphore.acquire() and not semaphore.acquire(False)
+    condition = mp.Condition()
+    with condition:
+        assert condition.wait(0.01) is False
+    with pytest.raises(ValueError, match="makes its own lock"):
+        mp.Condition(mp.Lock())
+
+
+def slow(x):
+    time.sleep(x)
+    return x
+
+
+def test_a_pools_timeout_is_multiprocessings_and_the_builtin_one():
+    with mp.Pool(1) as pool:
+        result = pool.apply_async(slow, (2,))
+        with pytest.raises(multiprocessing.TimeoutError):
+            result.get(0.05)
+        with pytest.raises(TimeoutError):
+            result.get(0.05)
+        try:
+            result.get(0.05)
+        except mp.TimeoutError as exc:
+            assert "not ready after 0.05 s" in str(exc)
+        assert result.get(30) == 2
+
+
+def test_contexts_and_start_methods_are_this_api():
+    ctx = mp.get_context("spawn")
+    assert ctx is mp and ctx.Process is mp.Process and ctx.Pool is mp.Pool
+    assert mp.get_context() is mp and mp.get_context("fork") is mp
+    mp.set_start_method("forkserver", force=True)
+    assert mp.get_start_method() == "spawn" and mp.get_all_start_methods() == ["spawn"]
+    with pytest.raises(ValueError, match="cannot find context for 'threads'"):
+        mp.get_context("threads")
+    mp.freeze_support()
+    assert mp.ProcessError is multiprocessing.ProcessError and mp.AuthenticationError is multiprocessing.AuthenticationError
+    logger = mp.log_to_stderr(logging.INFO)
+    assert logger is mp.get_logger() and logger.name == "fiberrl" and logger.level == logging.INFO
+    mp.log_to_stderr()
+    assert sum(getattr(h, "_fiberrl_stderr", False) for h in logger.handlers) == 1  # once, however often asked
