@@ -105,7 +105,8 @@ def test_contexts_and_start_methods_are_this_api():
     with pytest.raises(ValueError, match="cannot find context for 'threads'"):
         mp.get_context("threads")
     mp.freeze_support()
-    assert mp.ProcessError is multiprocessing.ProcessError and mp.AuthenticationError is multiprocessing.AuthenticationError
+    assert mp.ProcessError is multiprocessing.ProcessError
+    assert mp.AuthenticationError is multiprocessing.AuthenticationError
     logger = mp.log_to_stderr(logging.INFO)
     assert logger is mp.get_logger() and logger.name == "fiberrl" and logger.level == logging.INFO
     mp.log_to_stderr()
