@@ -13,11 +13,12 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 FLOAT_BYTES = np.dtype(np.float32).itemsize
-_GENERATE_BLOCK = 1 << 24  # numbers drawn per call: bounds the extra memory while generating
+_GENERATE_BLOCK = 1 << 24  # numbers drawn per call, each block from a seed of its own
 
 
 def _shared_dir(nbytes: int) -> str:
@@ -35,6 +36,22 @@ def _shared_dir(nbytes: int) -> str:
 def table_path(seed: int, size: int) -> str:
     """Where this host keeps the table of ``size`` numbers from ``seed``."""
     return os.path.join(_shared_dir(size * FLOAT_BYTES), f"fiberrl-noise-{seed}-{size}.f32")
+
+
+def _fill(table: np.ndarray, seed: int) -> None:
+    """Fill ``table`` with N(0, 1) numbers from ``seed``: block ``i`` from the
+    ``i``-th child of the seed's SeedSequence, so blocks are drawn on all
+    cores at once (numpy lets go of the GIL) and the numbers do not depend on
+    how many there are."""
+    blocks = range(0, len(table), _GENERATE_BLOCK)
+    seeds = np.random.SeedSequence(seed).spawn(len(blocks))
+
+    def draw(i: int) -> None:
+        block = table[blocks[i]:blocks[i] + _GENERATE_BLOCK]
+        np.random.Generator(np.random.PCG64(seeds[i])).standard_normal(out=block, dtype=np.float32)
+
+    with ThreadPoolExecutor(max(1, min(len(blocks), os.cpu_count() or 1))) as threads:
+        list(threads.map(draw, range(len(blocks))))
 
 
 class NoiseTable:
@@ -63,11 +80,12 @@ class NoiseTable:
                 return
             partial = f"{self.path}.{os.getpid()}.partial"
             try:
-                rng = np.random.Generator(np.random.PCG64(self.seed))
                 with open(partial, "wb") as out:
-                    for start in range(0, self.size, _GENERATE_BLOCK):
-                        count = min(_GENERATE_BLOCK, self.size - start)
-                        rng.standard_normal(count, dtype=np.float32).tofile(out)
+                    out.truncate(self.size * FLOAT_BYTES)
+                table = np.memmap(partial, dtype=np.float32, mode="r+", shape=(self.size,))
+                _fill(table, self.seed)
+                table.flush()
+                del table
                 os.replace(partial, self.path)  # readers only ever see a whole table
                 self.created = True
             finally:

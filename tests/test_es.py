@@ -54,6 +54,19 @@ def test_running_stat_matches_numpy():
     np.testing.assert_allclose(stat.std, data.std(0), rtol=1e-4)
 
 
+def test_noise_blocks_are_the_same_however_many_threads_draw_them(monkeypatch):
+    from fiberrl import noise
+    monkeypatch.setattr(noise, "_GENERATE_BLOCK", 1000)
+    tables = []
+    for cores in (1, 4):
+        monkeypatch.setattr(noise.os, "cpu_count", lambda cores=cores: cores)
+        tables.append(np.empty(10_500, np.float32))
+        noise._fill(tables[-1], 5)
+    assert np.array_equal(tables[0], tables[1])
+    assert not np.array_equal(tables[0][:1000], tables[0][1000:2000])  # each block its own stream
+    assert abs(tables[0].mean()) < 0.05 and abs(tables[0].std() - 1) < 0.05
+
+
 def _open_table(seed, size, out):
     table = NoiseTable(seed, size)
     out.put((table.created, float(table.noise[:1000].sum()), table.path))
@@ -61,7 +74,10 @@ def _open_table(seed, size, out):
 
 def test_noise_table_is_made_once_per_host_and_shared():
     seed, size = 987, 3_000_000
-    expected = np.random.Generator(np.random.PCG64(seed)).standard_normal(size, dtype=np.float32)
+    expected = np.empty(size, np.float32)
+    for i, child in enumerate(np.random.SeedSequence(seed).spawn(-(-size // (1 << 24)))):  # blocks of 2**24
+        block = expected[i << 24:(i + 1) << 24]
+        np.random.Generator(np.random.PCG64(child)).standard_normal(out=block, dtype=np.float32)
     out = mp.Queue()
     procs = [mp.Process(target=_open_table, args=(seed, size, out)) for _ in range(3)]
     try:
