@@ -54,7 +54,7 @@ def refused_start() -> str | None:
 
 def _line_of_main() -> str | None:
     """The line of ``__mp_main__`` being run: on this thread, or on the main
-    thread when the start came from a thread (a pool's) the import began."""
+    thread (where the import runs) when the start came from another (a pool's)."""
     main_thread = sys._current_frames().get(threading.main_thread().ident)
     for frame in (sys._getframe(), main_thread):
         while frame is not None:
