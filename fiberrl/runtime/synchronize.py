@@ -6,7 +6,8 @@ this process starts the first time it makes one (a job on the configured
 backend, stopped at exit), and each is a proxy of it: pass it to a
 ``Process`` or a pool's ``initargs`` as with ``multiprocessing``.  Each
 operation is a round trip to the manager.  ``Value`` and ``Array`` come with
-a lock of their own (``get_lock()``, ``with v.get_lock(): v.value += 1``).
+a recursive lock of their own, as in ``multiprocessing`` (``get_lock()``,
+``with v.get_lock(): v.value += 1``).
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def RawArray(typecode_or_type, size_or_initializer):  # noqa: N802
 def Value(typecode_or_type, *args, lock=True):  # noqa: N802
     """A shared number, ``.value``, with its lock (``get_lock()``) unless ``lock=False``."""
     raw = RawValue(typecode_or_type, *args)
-    return raw if lock is False else Synchronized(raw, Lock() if lock is True else lock)
+    return raw if lock is False else Synchronized(raw, RLock() if lock is True else lock)
 
 
 def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
@@ -116,7 +117,7 @@ def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
     raw = RawArray(typecode_or_type, size_or_initializer)
     if lock is False:
         return raw
-    return SynchronizedArray(raw, Lock() if lock is True else lock, _typecode(typecode_or_type))
+    return SynchronizedArray(raw, RLock() if lock is True else lock, _typecode(typecode_or_type))
 
 
 class SynchronizedBase:
