@@ -246,6 +246,32 @@ def test_a_callback_may_wait_for_another_result():
         assert seen == [4]
 
 
+def test_a_callback_run_by_the_background_reader_may_wait_for_a_result_no_caller_reads():
+    """The callback runs on the pool's background thread (no caller was reading
+    when its result came) and waits for a result that arrives after the caller
+    that read meanwhile has gone: the background thread is the only reader
+    left, so it must read while it waits.  Three workers: the caller's task
+    does not queue behind the callback's on one worker."""
+    with mp.Pool(3) as pool:
+        in_callback, caller_reading, seen = threading.Event(), threading.Event(), []
+
+        def on_result(value):
+            inner = pool.apply_async(pid_after, (0.8,))
+            in_callback.set()
+            caller_reading.wait(10)
+            seen.append(inner.get(10))
+
+        pool.apply_async(add, (1, 1), callback=on_result)
+        assert in_callback.wait(30)  # on the background thread: this one is not reading
+        slow = pool.apply_async(pid_after, (0.2,))
+        threading.Timer(0.05, caller_reading.set).start()
+        slow.get(30)  # this thread reads until here, before the callback's result comes
+        deadline = time.monotonic() + 15
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(seen) == 1 and isinstance(seen[0], int)
+
+
 def big_result(i):
     return bytes([i]) * (3 << 20)
 

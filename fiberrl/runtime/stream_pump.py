@@ -30,6 +30,8 @@ log = logging.getLogger("fiberrl")
 # taking over: a caller that comes straight back (the next get of a wave)
 # finds the streams still its own
 TAKEOVER_GRACE = 0.001
+# how often a guest reader (see StreamPump.wait) looks whether another thread completed its result
+GUEST_SLICE = 0.01
 
 
 class _OneShotEpoll:
@@ -119,17 +121,28 @@ class StreamPump:
 
     def wait(self, done, timeout: float | None) -> bool | None:
         """Read and handle frames on this thread until ``done()`` or ``timeout``
-        (False); None where this thread cannot read (another caller does, or
-        the platform allows one reader only): then wait for ``done`` otherwise."""
+        (False); None where this thread cannot read (another caller does and
+        this thread runs no callback, or the platform allows one reader only):
+        then wait for ``done`` otherwise."""
         me = threading.get_ident()
+        handling = getattr(self._handling, "fds", ())
         with self._lock:
-            if not self._poller.shared or self._closed or self._caller not in (None, me):
+            if not self._poller.shared or self._closed:
                 return None
-            nested, self._caller = self._caller == me, me
+            guest = self._caller not in (None, me)
+            if guest and not handling:
+                return None
+            # a guest: a callback that waits, run by the thread that was reading while
+            # another caller reads too (the background thread); what the caller waits
+            # for may come only once it returns, so it reads alongside, one-shot arming
+            # keeping each stream to one reader, and looks at its result every slice
+            nested = self._caller == me
+            if not guest:
+                self._caller = me
         # called from a callback while this thread handles a stream's frames: that
         # stream is disarmed until they are handled, yet the result waited for may
         # come over it (the task went to the worker whose result ran the callback)
-        for fd in getattr(self._handling, "fds", ()):
+        for fd in handling:
             self._rearm(fd)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -139,10 +152,12 @@ class StreamPump:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
+                if guest:
+                    remaining = GUEST_SLICE if remaining is None else min(remaining, GUEST_SLICE)
                 self._poll_once(remaining)
             return True
         finally:
-            if not nested:
+            if not nested and not guest:
                 with self._lock:
                     self._caller = None
                     self._caller_left = time.monotonic()
