@@ -1,9 +1,9 @@
 """PPO's env throughput on Breakout: N remote env servers (fiberrl.env_servers)
 against gymnasium's AsyncVectorEnv with the same number of envs, both driven
 by the same PPO rollout loop (batched Nature-CNN inference on the learner,
-actions sampled, observations stored), in the same run.
+actions sampled, observations stored), in the same run, in alternating slices.
 
-    python experiments/bench_ppo_envs.py [--servers 1,2,4,8] [--envs 8] [--seconds 10] [--updates 0]
+    python experiments/bench_ppo_envs.py [--servers 1,2,4,8] [--envs 8] [--seconds 10] [--rounds 20] [--updates 0]
 
 For each N the servers hold ``envs / N`` envs each; the vector env always has
 ``envs`` envs, one process each (what AsyncVectorEnv does).  Both reset an
@@ -18,6 +18,7 @@ kind of envs.  Timings on a shared machine are noisy: compare the ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 
@@ -67,52 +68,65 @@ class VectorEnvs:
         self.envs.close()
 
 
-def rollout_sps(envs, seconds: float, num_steps: int = 128) -> float:
-    """Env steps per second of PPO's rollout loop (inference, sampling, stepping, storing) over ``envs``."""
-    torch.manual_seed(0)
-    agent = make_agent(envs.single_observation_space, envs.single_action_space, [])
-    space = envs.single_action_space
-    buffer = torch.zeros((num_steps, envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8)
-    next_obs = torch.as_tensor(envs.reset())
-    steps, start, t = 0, None, 0
-    while start is None or time.perf_counter() - start < seconds:
-        if steps == 2 * envs.num_envs * 16 and start is None:  # warmed up
-            steps, start = 0, time.perf_counter()
-        buffer[t % num_steps] = next_obs
-        with torch.no_grad():
-            action = agent.get_action_and_value(next_obs)[0]
-        next_obs = torch.as_tensor(envs.step(env_actions(action, space)).obs)
-        steps, t = steps + envs.num_envs, t + 1
-    return steps / (time.perf_counter() - start)
+class Rollout:
+    """PPO's rollout loop (inference, sampling, stepping, storing) over ``envs``,
+    run in slices; counts env steps and the time spent."""
+
+    def __init__(self, envs, num_steps: int = 128):
+        torch.manual_seed(0)
+        self.envs, self.num_steps = envs, num_steps
+        self.agent = make_agent(envs.single_observation_space, envs.single_action_space, [])
+        self.buffer = torch.zeros((num_steps, envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8)
+        self.steps, self.elapsed, self.t = 0, 0.0, 0
+        self.start()
+        self.run_steps(32)  # warm up
+        self.steps, self.elapsed = 0, 0.0
+
+    def start(self) -> None:
+        self.next_obs = torch.as_tensor(self.envs.reset())
+
+    def run_steps(self, count: int) -> None:
+        space = self.envs.single_action_space
+        for _ in range(count):
+            self.buffer[self.t % self.num_steps] = self.next_obs
+            with torch.no_grad():
+                action = self.agent.get_action_and_value(self.next_obs)[0]
+            self.next_obs = torch.as_tensor(self.envs.step(env_actions(action, space)).obs)
+            self.t += 1
+        self.steps += count * self.envs.num_envs
+
+    def run(self, seconds: float) -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            self.run_steps(8)
+        self.elapsed += time.perf_counter() - start
+
+    def rate(self) -> float:
+        return self.steps / self.elapsed
 
 
-def pipelined_rollout_sps(envs: RemoteEnvs, seconds: float, num_steps: int = 128) -> float:
-    """``rollout_sps`` with split-batch pipelining: each server's envs are inferred on as soon as
+class PipelinedRollout(Rollout):
+    """The rollout with split-batch pipelining: each server's envs are inferred on as soon as
     that server answers and sent their next actions at once, while the other servers still step."""
-    torch.manual_seed(0)
-    agent = make_agent(envs.single_observation_space, envs.single_action_space, [])
-    space, n = envs.single_action_space, envs.envs_per_server
-    buffer = torch.zeros((num_steps, envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8)
 
-    def act(k: int, obs: np.ndarray, t: int) -> None:
+    def start(self) -> None:
+        first, n = self.envs.reset(), self.envs.envs_per_server
+        for k in range(self.envs.num_servers):
+            self._act(k, first[k * n:(k + 1) * n])
+
+    def _act(self, k: int, obs: np.ndarray) -> None:
+        n = self.envs.envs_per_server
         x = torch.as_tensor(obs)
-        buffer[t % num_steps, k * n:(k + 1) * n] = x
+        self.buffer[self.t % self.num_steps, k * n:(k + 1) * n] = x
         with torch.no_grad():
-            envs.send(k, env_actions(agent.get_action_and_value(x)[0], space))
+            self.envs.send(k, env_actions(self.agent.get_action_and_value(x)[0], self.envs.single_action_space))
 
-    first = envs.reset()
-    for k in range(envs.num_servers):
-        act(k, first[k * n:(k + 1) * n], 0)
-    steps, start, t = 0, None, 1
-    while start is None or time.perf_counter() - start < seconds:
-        if steps == 2 * envs.num_envs * 16 and start is None:
-            steps, start = 0, time.perf_counter()
-        for k in range(envs.num_servers):
-            act(k, envs.receive(k).obs, t)
-        steps, t = steps + envs.num_envs, t + 1
-    for k in range(envs.num_servers):
-        envs.receive(k)
-    return steps / (time.perf_counter() - start)
+    def run_steps(self, count: int) -> None:
+        for _ in range(count):
+            self.t += 1
+            for k in range(self.envs.num_servers):
+                self._act(k, self.envs.receive(k).obs)
+        self.steps += count * self.envs.num_envs
 
 
 def ppo_sps(make_envs, servers: int, envs: int, updates: int) -> float:
@@ -130,7 +144,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", default="1,2,4,8", help="env server counts to measure")
     parser.add_argument("--envs", type=int, default=8, help="envs in all (CleanRL's Atari setting: 8)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measuring time per configuration")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measuring time per kind and configuration")
+    parser.add_argument("--rounds", type=int, default=20, help="alternating slices the seconds are cut into")
     parser.add_argument("--updates", type=int, default=0, help="also time this many whole PPO updates of each")
     args = parser.parse_args()
     print(f"Breakout, {args.envs} envs, torch threads {torch.get_num_threads()}")
@@ -141,17 +156,18 @@ def main() -> None:
         if args.envs % n:
             print(f"{n:>7} does not divide {args.envs} envs: skipped")
             continue
-        ours = RemoteEnvs(SPEC, n, args.envs // n, seed=0)
-        try:
-            fiberrl_sps = rollout_sps(ours, args.seconds)
-            pipelined_sps = pipelined_rollout_sps(ours, args.seconds) if n > 1 else None
-        finally:
-            ours.close()
-        theirs = VectorEnvs(SPEC, args.envs, seed=0)
-        try:
-            vector_sps = rollout_sps(theirs, args.seconds)
-        finally:
-            theirs.close()
+        with contextlib.ExitStack() as stack:
+            ours = stack.enter_context(contextlib.closing(RemoteEnvs(SPEC, n, args.envs // n, seed=0)))
+            theirs = stack.enter_context(contextlib.closing(VectorEnvs(SPEC, args.envs, seed=0)))
+            rollouts = [Rollout(ours), Rollout(theirs)]
+            if n > 1:
+                piped = stack.enter_context(contextlib.closing(RemoteEnvs(SPEC, n, args.envs // n, seed=0)))
+                rollouts.append(PipelinedRollout(piped))
+            for _ in range(args.rounds):  # alternating, so a load swing falls on all alike
+                for rollout in rollouts:
+                    rollout.run(args.seconds / args.rounds)
+            fiberrl_sps, vector_sps = rollouts[0].rate(), rollouts[1].rate()
+            pipelined_sps = rollouts[2].rate() if n > 1 else None
         line = f"{n:>7} {args.envs // n:>11} {fiberrl_sps:>16.0f} {vector_sps:>15.0f} {fiberrl_sps / vector_sps:>6.2f} "
         line += (f"{pipelined_sps:>10.0f} {pipelined_sps / vector_sps:>6.2f}" if pipelined_sps is not None
                  else f"{'-':>10} {'-':>6}")
