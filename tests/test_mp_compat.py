@@ -4,6 +4,7 @@ first use), start methods and contexts, its exceptions and its logger."""
 import ctypes
 import logging
 import multiprocessing
+import threading
 import time
 
 import pytest
@@ -73,8 +74,26 @@ def test_events_barriers_locks_and_joinable_queues_work_between_processes():
     condition = mp.Condition()
     with condition:
         assert condition.wait(0.01) is False
-    with pytest.raises(ValueError, match="makes its own lock"):
-        mp.Condition(mp.Lock())
+    with pytest.raises(TypeError, match="needs a lock made by fiberrl.runtime.Lock"):
+        mp.Condition(threading.Lock())
+
+
+def set_under_condition(condition, flag):
+    with condition:
+        flag.value = 1
+        condition.notify_all()
+
+
+def test_a_condition_on_a_lock_of_ones_own_holds_that_lock_and_wakes_other_processes():
+    lock, flag = mp.Lock(), mp.Value("i", 0, lock=False)
+    condition = mp.Condition(lock)
+    with condition:
+        assert not lock.acquire(False)
+        setter = mp.Process(target=set_under_condition, args=(condition, flag))
+        setter.start()
+        assert condition.wait_for(lambda: flag.value == 1, timeout=30)
+    setter.join(30)
+    assert setter.exitcode == 0
 
 
 def slow(x):

@@ -65,10 +65,12 @@ def Event():  # noqa: N802
 
 
 def Condition(lock=None):  # noqa: N802
-    if lock is not None:
-        raise ValueError("fiberrl.runtime.Condition makes its own lock, which lives in the manager beside it; "
-                         "call Condition() and use it as the lock")
-    return _run_manager().Condition()
+    manager = _run_manager()
+    if lock is not None and getattr(getattr(lock, "_ref", None), "address", None) != manager.address:
+        raise TypeError(f"Condition(lock) needs a lock made by fiberrl.runtime.Lock() or RLock() in this "
+                        f"process (one the condition's manager holds), not {lock!r}; or call Condition() "
+                        f"and use the condition itself as the lock")
+    return manager.Condition(lock)
 
 
 def Barrier(parties: int, action=None, timeout: float | None = None):  # noqa: N802

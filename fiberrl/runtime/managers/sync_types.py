@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import queue
 import threading
+import time
 
 from .proxy import BaseProxy, forwarding
 
@@ -117,7 +118,18 @@ class AcquirerProxy(BaseProxy):
 
 @forwarding("wait", "notify", "notify_all")
 class ConditionProxy(AcquirerProxy):
-    pass
+    def wait_for(self, predicate, timeout: float | None = None):
+        """Wait until ``predicate()`` (run here, in the caller) is true, or
+        ``timeout`` s have passed; its last value."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result = predicate()
+        while not result:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.wait(left)
+            result = predicate()
+        return result
 
 
 @forwarding("is_set", "set", "clear", "wait")
