@@ -7,7 +7,8 @@ N environments, in the same run.
 Both sides reset an environment inside the step that ends its episode (the
 vector env's autoreset), so each step is one round trip per environment.  Both sides are built
 first and then timed in alternating slices, so drifts in the load of a
-shared machine fall on both.
+shared machine fall on both; the interval printed is that of the ratio
+over those pairs of slices.
 """
 from __future__ import annotations
 
@@ -60,16 +61,20 @@ class Stepper:
     def __init__(self, step, n: int):
         self.step, self.n = step, n
         self.steps, self.elapsed = 0, 0.0
+        self.slices: list[float] = []  # steps/s of each run() call
         for _ in range(20):  # warm up
             step()
 
     def run(self, seconds: float) -> None:
-        start = time.perf_counter()
+        start, steps = time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             for _ in range(20):
                 self.step()
-            self.steps += 20 * self.n
-        self.elapsed += time.perf_counter() - start
+            steps += 20 * self.n
+        elapsed = time.perf_counter() - start
+        self.steps += steps
+        self.elapsed += elapsed
+        self.slices.append(steps / elapsed)
 
     def rate(self) -> float:
         return self.steps / self.elapsed
@@ -106,15 +111,23 @@ def vector_stepper(stack: contextlib.ExitStack, env_id: str, n: int) -> Stepper:
     return Stepper(step, n)
 
 
-def compare(env_id: str, n: int, seconds: float, rounds: int) -> tuple[float, float]:
-    """Steps/s of both, measured in alternating slices so a change in the
-    machine's load falls on both alike."""
+def compare(env_id: str, n: int, seconds: float, rounds: int) -> tuple[Stepper, Stepper]:
+    """Both, measured in alternating slices so a change in the machine's load
+    falls on both alike."""
     with contextlib.ExitStack() as stack:
         ours, theirs = servers_stepper(stack, env_id, n), vector_stepper(stack, env_id, n)
         for _ in range(rounds):
             ours.run(seconds / rounds)
             theirs.run(seconds / rounds)
-        return ours.rate(), theirs.rate()
+        return ours, theirs
+
+
+def paired_interval(ours: Stepper, theirs: Stepper) -> tuple[float, float]:
+    """95% interval of the ratio from the slices taken side by side: the
+    geometric mean of each pair's ratio, +- 1.96 standard errors."""
+    logs = np.log(np.array(ours.slices) / np.array(theirs.slices))
+    half = 1.96 * logs.std(ddof=1) / np.sqrt(len(logs))
+    return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
 
 
 def main() -> None:
@@ -126,11 +139,13 @@ def main() -> None:
     # with 2 servers read 0.91-0.97 in runs that read 0.98-1.01 at 40
     parser.add_argument("--rounds", type=int, default=40, help="alternating slices the seconds are cut into")
     args = parser.parse_args()
-    print(f"{'env':10} {'N':>3} {'fiberrl steps/s':>16} {'AsyncVectorEnv':>15} {'ratio':>6}")
+    print(f"{'env':10} {'N':>3} {'fiberrl steps/s':>16} {'AsyncVectorEnv':>15} {'ratio':>6} {'paired 95%':>12}")
     for name in args.envs.split(","):
         for n in map(int, args.servers.split(",")):
             ours, theirs = compare(ENV_IDS[name], n, args.seconds, args.rounds)
-            print(f"{name:10} {n:3d} {ours:16.0f} {theirs:15.0f} {ours / theirs:6.2f}", flush=True)
+            low, high = paired_interval(ours, theirs)
+            print(f"{name:10} {n:3d} {ours.rate():16.0f} {theirs.rate():15.0f} {ours.rate() / theirs.rate():6.2f} "
+                  f"{low:6.2f}-{high:.2f}", flush=True)
 
 
 if __name__ == "__main__":

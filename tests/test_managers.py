@@ -315,6 +315,23 @@ def run_seed_example(manager_class, steps: int) -> float:
             m.shutdown()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is a Linux scheduling policy")
+def test_async_servers_run_batch_scheduled_unless_their_class_says_not():
+    class LatencyCritical(AsyncManager):
+        batch_scheduling = False
+
+    LatencyCritical.register("Sleeper", Sleeper)
+    managers = [SleeperManager(), LatencyCritical(), SyncManager()]
+    for manager in managers:
+        manager.start()
+    try:
+        policies = [os.sched_getscheduler(manager.pid) for manager in managers]
+    finally:
+        for manager in managers:
+            manager.shutdown()
+    assert policies == [os.SCHED_BATCH, os.SCHED_OTHER, os.SCHED_OTHER]
+
+
 def test_seed_cartpole_example_is_faster_with_async_managers():
     ratios = []
     for _ in range(3):  # a shared 2-core machine is noisy: the best of three attempts

@@ -7,7 +7,9 @@ in the server and returns its proxy.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import queue
 import time
 import weakref
@@ -29,6 +31,7 @@ class BaseManager:
     _registry: dict = {}  # typeid -> (callable, exposed, method_to_typeid, proxytype)
     _inline = False       # serve calls on the receiving thread (AsyncManager)
     _async = False        # proxies return handles
+    batch_scheduling = False  # run the server under SCHED_BATCH (see AsyncManager)
     _counter = itertools.count(1)
 
     def __init__(self, address=None, authkey=None, serializer="pickle", ctx=None):
@@ -74,7 +77,8 @@ class BaseManager:
         proxytypes = {typeid: entry[3] for typeid, entry in self._registry.items()}
         ready = Queue()
         process = Process(target=_serve_with_initializer, name=self._name, daemon=True,
-                          args=(registry, self._inline, ready, self._initializer, self._initargs))
+                          args=(registry, self._inline, self.batch_scheduling, ready, self._initializer,
+                                self._initargs))
         process.start()
         self._process = process
         address = _await_address(process, ready, get_config().start_timeout)
@@ -126,10 +130,26 @@ class BaseManager:
         return f"<{type(self).__name__} {self._name} {state}>"
 
 
-def _serve_with_initializer(registry, inline, ready, initializer, initargs) -> None:
+def _serve_with_initializer(registry, inline, batch_scheduling, ready, initializer, initargs) -> None:
+    if batch_scheduling:
+        _schedule_as_batch()
     if initializer is not None:
         initializer(*initargs)
     serve(registry, inline, ready)
+
+
+def _schedule_as_batch() -> None:
+    """Run this process under Linux's SCHED_BATCH: a call that wakes it does
+    not preempt whatever runs on its core, so a caller sharing the host, in the
+    middle of sending calls to many servers, finishes sending before they run
+    (measured: +2-9% env steps/s for 4 to 8 env servers on 2 cores).  Any
+    process may lower itself to it; where the platform has no such policy, or
+    a sandbox refuses it, the server runs as it is."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None:
+        return
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 def _await_address(process: Process, ready: Queue, timeout: float) -> str:
@@ -177,10 +197,16 @@ class AsyncManager(BaseManager):
     any order and many managers stepped in parallel.  Calls are served one at
     a time in the order they arrive.  When the server dies, pending and later
     calls raise ManagerError; :meth:`restart` starts a fresh one.
+
+    Its server runs under SCHED_BATCH on Linux (it and the processes it starts):
+    its calls are throughput work for a caller that sends many at once, and
+    arriving calls should not preempt that caller.  A subclass whose calls are
+    latency-critical sets ``batch_scheduling = False``.
     """
 
     _inline = True
     _async = True
+    batch_scheduling = True
 
     def restart(self) -> None:
         """Replace the server process (killing it if it still runs) with a new, empty one."""
