@@ -130,3 +130,29 @@ def test_contexts_and_start_methods_are_this_api():
     assert logger is mp.get_logger() and logger.name == "fiberrl" and logger.level == logging.INFO
     mp.log_to_stderr()
     assert sum(getattr(h, "_fiberrl_stderr", False) for h in logger.handlers) == 1  # once, however often asked
+
+
+def sleep_then_send(seconds, conn):
+    time.sleep(seconds)
+    conn.send("woke")
+
+
+def test_sentinels_and_pipes_are_waited_on_together():
+    from fiberrl.runtime.connection import wait
+
+    reader, writer = mp.Pipe(duplex=False)
+    quick = mp.Process(target=time.sleep, args=(0.2,))
+    sender = mp.Process(target=sleep_then_send, args=(1.0, writer))
+    for p in (quick, sender):
+        p.start()
+    assert wait([quick.sentinel, sender.sentinel, reader], timeout=0.05) == []
+    assert wait([quick.sentinel, sender.sentinel, reader], timeout=30) == [quick.sentinel]
+    assert quick.exitcode == 0
+    assert wait([sender.sentinel, reader], timeout=30)[0] is reader
+    assert reader.recv() == "woke"
+    assert wait([sender.sentinel], timeout=30) == [sender.sentinel]  # multiprocessing's own wait() takes it too
+    assert multiprocessing.connection.wait([sender.sentinel], 0) == [sender.sentinel]
+    sender.join()
+    sender.close()
+    with pytest.raises(ValueError, match="closed"):
+        _ = sender.sentinel

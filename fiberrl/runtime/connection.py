@@ -11,12 +11,16 @@ cut the child off.
 from __future__ import annotations
 
 import logging
+import multiprocessing.connection
 import queue
+import time
 import weakref
 
 from .channel import ChannelClosed, ChannelRef, new_channel
 from .hub import current_hub
 
+# how often wait() looks at its fiberrl connections while it watches file descriptors too
+WAIT_SLICE = 0.01
 _NOTHING = object()
 _EOF = object()
 _active: "weakref.WeakSet[Connection]" = weakref.WeakSet()
@@ -145,6 +149,34 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
     return ends
 
 
+def wait(object_list, timeout: float | None = None) -> list:
+    """``multiprocessing.connection.wait``: those of ``object_list`` that are
+    ready, waiting up to ``timeout`` s for one (None: as long as it takes).
+    A fiberrl ``Connection`` is ready when it has something to read or its
+    other end closed; anything multiprocessing's ``wait`` takes (a process's
+    ``sentinel``, a socket, a file descriptor) when it is readable."""
+    ours = [obj for obj in object_list if isinstance(obj, Connection)]
+    others = [obj for obj in object_list if not isinstance(obj, Connection)]
+    if not ours:
+        return multiprocessing.connection.wait(others, timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready = [conn for conn in ours if conn.poll(0)]
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if ready or left == 0:
+            return ready + (multiprocessing.connection.wait(others, 0) if others else [])
+        # our connections have no descriptor to select on: wait on one kind a slice at a time
+        step = WAIT_SLICE if left is None else min(WAIT_SLICE, left)
+        if others:
+            ready = multiprocessing.connection.wait(others, step)
+            if ready:
+                return [conn for conn in ours if conn.poll(0)] + ready
+        elif len(ours) == 1:
+            return ours if ours[0].poll(left) else []
+        else:
+            ours[0].poll(step)
+
+
 def close_active_connections() -> None:
     """Close what this process sent on, so readers elsewhere see EOF (run at exit)."""
     for conn in list(_active):
@@ -154,4 +186,4 @@ def close_active_connections() -> None:
             logging.getLogger("fiberrl").warning("could not tell a pipe's reader it was closed: %s", exc)
 
 
-__all__ = ["Connection", "Pipe", "close_active_connections"]
+__all__ = ["Connection", "Pipe", "close_active_connections", "wait"]

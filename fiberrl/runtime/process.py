@@ -34,6 +34,7 @@ CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"
 log = logging.getLogger("fiberrl")
 _children: set["Process"] = set()
 _children_lock = threading.Lock()
+_sentinels_lock = threading.Lock()
 _exit_hook_registered = False
 
 
@@ -90,12 +91,14 @@ class Process(BaseProcess):
         self._backend_name: str | None = None
         self._pid: int | None = None
         self._exitcode: int | None = None
+        self._sentinel: int | None = None
         self._closed = False
 
     # pickled for the child: everything but the parent-side job handle
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_job"] = None
+        state["_sentinel"] = None
         return state
 
     def run(self) -> None:
@@ -131,6 +134,31 @@ class Process(BaseProcess):
             if state is JobStatus.EXITED:
                 self._set_exit(code)
         return self._exitcode
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the process ends, for
+        ``multiprocessing.connection.wait`` or ``select``; on any backend."""
+        self._check_usable()
+        if self._job is None:
+            raise ValueError("process not started")
+        with _sentinels_lock:
+            if self._sentinel is None:
+                readable, ended = os.pipe()
+                self._sentinel = readable
+                # a job elsewhere has no fd of its own to watch: a thread waits for it and closes the pipe
+                threading.Thread(target=self._close_at_exit, args=(ended,), daemon=True,
+                                 name=f"fiberrl-sentinel-{self._name}").start()
+        return self._sentinel
+
+    def _close_at_exit(self, ended: int) -> None:
+        try:
+            if self._exitcode is None:
+                code = self._backend().wait(self._job, None)
+                if code is not None:
+                    self._set_exit(code)
+        finally:
+            os.close(ended)
 
     def _backend(self):
         return get_backend(self._backend_name)
@@ -222,6 +250,9 @@ class Process(BaseProcess):
     def close(self) -> None:
         if self._job is not None and self.exitcode is None:
             raise ValueError("cannot close a process while it is still running; join or terminate it first")
+        if self._sentinel is not None:
+            os.close(self._sentinel)
+            self._sentinel = None
         self._closed = True
 
     def __repr__(self):
