@@ -19,6 +19,7 @@ import fiberrl.runtime as mp
 from conftest import clean_up_as_at_exit, wait_until
 from fiberrl.app import run
 from fiberrl.config import compose
+from fiberrl.runtime.connection import wait
 from fiberrl.runtime.managers import AsyncManager, ManagerError
 from fiberrl.runtime.pool.results import RemoteTraceback
 from fiberrl.runtime.ring import Ring, RingError
@@ -159,7 +160,9 @@ def test_terminate_and_kill(cluster):
     p.start()
     q = mp.Process(target=sleep_forever)
     q.start()
+    assert wait([p.sentinel, q.sentinel], 0.1) == []
     p.terminate()
+    assert wait([p.sentinel, q.sentinel], 60) == [p.sentinel]  # ended, wherever the job ran
     q.kill()
     p.join(60)
     q.join(60)
