@@ -10,6 +10,7 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
+from fiberrl.runtime.connection import wait
 from fiberrl.runtime.synchronize import shutdown_manager
 
 
@@ -138,8 +139,6 @@ def sleep_then_send(seconds, conn):
 
 
 def test_sentinels_and_pipes_are_waited_on_together():
-    from fiberrl.runtime.connection import wait
-
     reader, writer = mp.Pipe(duplex=False)
     quick = mp.Process(target=time.sleep, args=(0.2,))
     sender = mp.Process(target=sleep_then_send, args=(1.0, writer))
@@ -150,8 +149,8 @@ def test_sentinels_and_pipes_are_waited_on_together():
     assert quick.exitcode == 0
     assert wait([sender.sentinel, reader], timeout=30)[0] is reader
     assert reader.recv() == "woke"
-    assert wait([sender.sentinel], timeout=30) == [sender.sentinel]  # multiprocessing's own wait() takes it too
-    assert multiprocessing.connection.wait([sender.sentinel], 0) == [sender.sentinel]
+    assert wait([sender.sentinel], timeout=30) == [sender.sentinel]
+    assert multiprocessing.connection.wait([sender.sentinel], 0) == [sender.sentinel]  # multiprocessing's own too
     sender.join()
     sender.close()
     with pytest.raises(ValueError, match="closed"):
