@@ -184,13 +184,14 @@ def test_a_worker_with_a_backlog_never_waits_on_the_master_between_chunks():
     """The next batch is asked for before the last chunk of this one runs.  The
     master is made slow to answer: this thread holds the GIL in turns of 150 ms
     that the pool's reading thread waits for (a worker that waited would wait
-    that long between chunks)."""
+    that long between chunks).  A chunk lasts long enough for the master to
+    answer within a few such turns (0.4 s once left a 0.2 s gap under load)."""
     with mp.Pool(1) as pool:
         pool.map(square, range(2))
         switch = sys.getswitchinterval()
         sys.setswitchinterval(0.15)
         try:
-            result = pool.map_async(timed_sleep, [0.4] * 6, chunksize=1)
+            result = pool.map_async(timed_sleep, [0.6] * 6, chunksize=1)
             while not result.ready():
                 sum(range(1000))  # busy: the reading thread gets the GIL only after a switch interval
         finally:
