@@ -1,6 +1,7 @@
-"""Large frames between processes of one host go through shared memory:
-equal on arrival, in the order sent, through the socket when they do not
-fit, and only between peers that proved they hold the run's secret."""
+"""Streams between processes of one host move from their socket to pipes,
+and their large frames go through shared memory: equal on arrival, in the
+order sent, through the pipe when they do not fit, and only between peers
+that proved they hold the run's secret."""
 import os
 import socket
 import sys
@@ -45,14 +46,15 @@ def test_frames_of_every_size_arrive_equal_and_large_ones_take_the_ring(echoed, 
         echoed.send([frame(size, i)])
         assert echoed.recv() == frame(size, i)
     # the three from 16 KiB + 1 to 5 MiB through the rings both ways (the echo server is in this
-    # process too), the frame larger than a ring through the socket
+    # process too), the frame larger than a ring through the pipe
     assert len(taken) == 3 * 2
     assert echoed._ring_out is not None and echoed._ring_in is not None
+    assert echoed._pipe_out is not None and echoed._pipe_in is not None and echoed.sock.fileno() == -1
     assert open_rings() == []  # the mappings hold no fds: a pool's master has hundreds of streams
 
 
-def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(monkeypatch):
-    """More than a ring's worth in flight: the rest goes through the socket, order kept."""
+def test_a_reader_that_falls_behind_gets_frames_through_the_pipe_in_order(monkeypatch):
+    """More than a ring's worth in flight: the rest goes through the pipe, order kept."""
     size, count = 3 << 20, 12  # 36 MiB in flight against a 16 MiB ring
     taken, got, done = [], [], threading.Event()
     real_take = shared_frames.RingReader.take
@@ -60,7 +62,7 @@ def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(monk
                         lambda self, where, size: taken.append(size) or real_take(self, where, size))
 
     def read_late(s):
-        time.sleep(0.5)  # the ring fills meanwhile, and the sender blocks on the socket
+        time.sleep(0.5)  # the ring fills meanwhile, and the sender blocks on the pipe
         for _ in range(count + 1):
             got.append(bytes(s.recv()))
         done.set()
@@ -70,7 +72,7 @@ def test_a_reader_that_falls_behind_gets_frames_through_the_socket_in_order(monk
     for i in range(count):
         client.send([frame(size, i)])
     assert wait_until(lambda: len(got) == count, 30)
-    assert 5 <= len(taken) < count  # the first five filled the ring; the sixth at least took the socket
+    assert 5 <= len(taken) < count  # the first five filled the ring; the sixth at least took the pipe
     # with nothing in flight the writer starts again at the beginning: memory in use is the high water
     client.send([frame(size, 99)])
     assert done.wait(30)
@@ -170,7 +172,8 @@ def test_a_peer_without_the_secret_never_gets_a_ring():
 def test_a_frame_said_to_lie_where_it_cannot_ends_the_stream(echoed, size, where):
     echoed.send([frame(100_000, 1)])
     assert echoed.recv() == frame(100_000, 1)
-    echoed.sock.sendall((stream.IN_RING | size).to_bytes(8, "little") + shared_frames.WHERE.pack(*where))
+    with echoed._send_lock:
+        echoed._write([(stream.IN_RING | size).to_bytes(8, "little") + shared_frames.WHERE.pack(*where)])
     deadline = time.monotonic() + 10
     with pytest.raises(stream.StreamClosed):  # the server hung up on it
         while time.monotonic() < deadline:
@@ -195,4 +198,62 @@ def test_the_ring_offer_is_read_even_when_it_arrives_with_the_first_frame():
     assert client.recv() == frame(200_000, 5)
     assert client._ring_in is not None
     client.close()
+    listener.close()
+
+
+def test_a_close_reaches_the_peer_while_a_forked_process_still_holds_the_pipe():
+    """Unlike a socket's shutdown, closing a pipe's write end says nothing while a
+    fork holds a copy of it: the stream's last word does."""
+    ended = threading.Event()
+
+    def serve(s):
+        with pytest.raises(stream.StreamClosed, match="closed the connection"):
+            s.recv()
+        ended.set()
+
+    listener = stream.Listener("127.0.0.1", serve)
+    client = stream.connect(listener.address)
+    assert client._pipe_out is not None
+    child = os.fork()
+    if child == 0:  # holds every fd of the parent until it is killed
+        time.sleep(60)
+        os._exit(0)
+    try:
+        client.close()
+        assert ended.wait(5)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    listener.close()
+
+
+def handshake_by_hand(listener) -> socket.socket:
+    """A local connection that passes the handshake, as a peer with the secret would."""
+    sock = raw_local_connection(listener)
+    sock.settimeout(10)
+    secret, client_nonce = auth.run_secret(), auth.new_nonce()
+    sock.sendall(len(client_nonce).to_bytes(8, "little") + client_nonce)
+    reply = b""
+    while len(reply) < 8 + 2 * auth.NONCE_BYTES:
+        reply += sock.recv(4096)
+    server_nonce = reply[8:8 + auth.NONCE_BYTES]
+    proof = auth.client_proof(secret, server_nonce, client_nonce)
+    sock.sendall(len(proof).to_bytes(8, "little") + proof)
+    return sock
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the test writes frame headers by hand")
+def test_an_offer_of_a_pipes_write_end_is_refused(caplog):
+    served = []
+    listener = stream.Listener("127.0.0.1", lambda s: served.append(s))
+    sock = handshake_by_hand(listener)
+    read_end, write_end = os.pipe()
+    socket.send_fds(sock, [(stream.RING_OFFER | stream.OFFER_PIPE).to_bytes(8, "little")], [write_end])
+    os.close(write_end)
+    while sock.recv(4096):  # the listener's own offer, then it hangs up
+        pass
+    assert served == []
+    assert "other than the read end of a pipe" in caplog.text
+    os.close(read_end)
+    sock.close()
     listener.close()

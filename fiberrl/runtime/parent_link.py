@@ -92,7 +92,7 @@ class ParentLink:
     def _reply_within(self, timeout: float) -> bytearray:
         deadline = time.monotonic() + timeout
         poller = select.poll()
-        poller.register(self._stream.sock.fileno(), select.POLLIN | _HANG_UP)
+        poller.register(self._stream.fileno(), select.POLLIN | _HANG_UP)
         while True:
             # what arrives may be the stream's own traffic (its ring's offer) or part of
             # the reply: read what is there, then wait for the socket itself
@@ -110,7 +110,7 @@ class ParentLink:
             return True
         poller = select.poll()
         try:
-            poller.register(self._stream.sock.fileno(), _HANG_UP)
+            poller.register(self._stream.fileno(), _HANG_UP)
         except (OSError, ValueError):  # closed
             return True
         if poller.poll(timeout * 1000):

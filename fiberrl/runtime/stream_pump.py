@@ -111,7 +111,7 @@ class StreamPump:
             return
         if frames:
             self._on_frames(stream, key, frames)
-        fd = stream.sock.fileno()
+        fd = stream.fileno()
         with self._lock:
             if self._closed:
                 stream.close()
