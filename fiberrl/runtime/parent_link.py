@@ -94,8 +94,8 @@ class ParentLink:
         poller = select.poll()
         poller.register(self._stream.fileno(), select.POLLIN | _HANG_UP)
         while True:
-            # what arrives may be the stream's own traffic (its ring's offer) or part of
-            # the reply: read what is there, then wait for the socket itself
+            # what has arrived may be part of the reply: read what is there, then wait
+            # for the stream itself
             frames = self._stream.recv_ready(most=1)
             if frames:
                 return frames[0]
