@@ -1,7 +1,10 @@
 """Pool: the multiprocessing.Pool API, errors, scheduling and resizing."""
 import itertools
 import os
+import resource
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -326,3 +329,29 @@ def test_dropped_pool_takes_its_workers_with_it():
     while [p for p in mp.active_children() if p.name.startswith("PoolWorker")] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in mp.active_children() if p.name.startswith("PoolWorker")] == []
+
+
+LOW_OPEN_FILES = textwrap.dedent("""
+    import resource
+    import fiberrl.runtime as mp
+
+    def square(x):
+        return x * x
+
+    if __name__ == "__main__":
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        with mp.Pool(2) as pool:
+            assert pool.map(square, range(10)) == [x * x for x in range(10)]
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+""")
+
+
+def test_a_pool_lifts_a_low_soft_limit_on_open_files(tmp_path, script_env):
+    """A master holds ~4 fds per local worker: a soft limit of 1024 would stop a pool at a few hundred."""
+    script = tmp_path / "low_open_files.py"
+    script.write_text(LOW_OPEN_FILES)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=script_env)
+    assert out.returncode == 0, out.stderr
+    soft, hard = map(int, out.stdout.split())
+    assert soft == (1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)) > 256

@@ -257,3 +257,27 @@ def test_an_offer_of_a_pipes_write_end_is_refused(caplog):
     os.close(read_end)
     sock.close()
     listener.close()
+
+
+def test_readable_works_for_a_stream_whose_fds_are_past_1024():
+    """select() cannot watch fds from 1024 on; a pool's master holds that many."""
+    import resource
+
+    from fiberrl.runtime.hub import raise_open_files_limit
+    raise_open_files_limit()
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("this process may not open 1200 files (its hard limit is lower)")
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        listener = stream.Listener("127.0.0.1", echo)
+        client = stream.connect(listener.address)
+        assert client.fileno() >= 1024
+        assert not client.readable(0.05)
+        client.send([b"ping"])
+        assert client.readable(5)
+        assert client.recv() == b"ping"
+        client.close()
+        listener.close()
+    finally:
+        for fd in fillers:
+            os.close(fd)

@@ -364,7 +364,11 @@ class Stream:
 
     def readable(self, timeout: float | None) -> bool:
         """Whether a frame has started to arrive within ``timeout`` seconds."""
-        return self._end > self._start or bool(select.select([self.fileno()], [], [], timeout)[0])
+        if self._end > self._start:
+            return True
+        poller = select.poll()  # not select(): a pool's master may hold fds past 1024
+        poller.register(self.fileno(), select.POLLIN)
+        return bool(poller.poll(None if timeout is None else timeout * 1000))
 
     def close(self) -> None:
         with self._close_lock:
