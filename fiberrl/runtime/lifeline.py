@@ -2,8 +2,8 @@
 so a parent killed with SIGKILL leaves no orphan behind.
 
 The link to the parent reports its loss at once (the kernel closes a dead
-process's sockets and pipes); a heartbeat catches a parent that hangs or a host that
-vanished without closing anything.
+process's sockets and pipes); a heartbeat catches a parent that hangs or a
+host that vanished without closing anything.
 """
 from __future__ import annotations
 
