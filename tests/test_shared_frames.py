@@ -281,3 +281,22 @@ def test_readable_works_for_a_stream_whose_fds_are_past_1024():
     finally:
         for fd in fillers:
             os.close(fd)
+
+
+def test_a_side_that_cannot_make_a_pipe_stays_on_the_socket(monkeypatch):
+    """Out of fds on the client's side: its frames take the socket, the server's its pipe."""
+    real_pipe, client_thread = os.pipe, threading.current_thread()
+
+    def pipe():
+        if threading.current_thread() is client_thread:
+            raise OSError(24, "Too many open files")
+        return real_pipe()
+    monkeypatch.setattr(os, "pipe", pipe)
+    listener = stream.Listener("127.0.0.1", echo)
+    client = stream.connect(listener.address)
+    assert client._pipe_out is None and client._pipe_in is not None and client.sock.fileno() >= 0
+    for i, size in enumerate([10, 100_000, shared_frames.RING_BYTES + 1]):
+        client.send([frame(size, i)])
+        assert client.recv() == frame(size, i)
+    client.close()
+    listener.close()
