@@ -44,8 +44,11 @@ def test_a_stranger_without_the_secret_gets_nothing_and_is_reported(caplog):
         sock.sendall((33).to_bytes(8, "little") + bytes((LAUNCH,)) + os.urandom(32))
         sock.settimeout(10)
         received = b""
-        while chunk := sock.recv(4096):  # the handshake fails: closed without a launch payload
-            received += chunk
+        try:
+            while chunk := sock.recv(4096):  # the handshake fails: closed without a launch payload
+                received += chunk
+        except ConnectionResetError:
+            pass  # closed with the stranger's bytes unread
         assert len(received) < 64
     assert any("failed authentication" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
 

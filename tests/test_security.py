@@ -8,8 +8,7 @@ import pynng
 import pytest
 
 import fiberrl.runtime as mp
-from fiberrl.runtime import stream, transport, wire
-from conftest import wait_until
+from fiberrl.runtime import transport, wire
 
 
 def listening_sockets(pid: int) -> list[tuple[str, int]]:
@@ -177,44 +176,3 @@ def test_a_lost_connection_is_never_redialled_unauthenticated():
     finally:
         client.close()
         server.close()
-
-
-@pytest.mark.skipif(not stream.LOCAL_SOCKETS, reason="abstract Unix sockets are Linux only")
-def test_a_process_squatting_on_a_listeners_unix_name_is_passed_by():
-    """Whoever holds the Unix name of a listener must still prove the secret; a
-    client that meets an impostor there goes to the listener over TCP."""
-    import threading
-
-    served = []
-    listener = stream.Listener("127.0.0.1", lambda s: served.append(s.recv()))
-    stream._close(listener._local)  # what a squatter would have taken
-    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # the name is free once the listener's accept thread has let go of the closed socket
-    assert wait_until(lambda: _try_bind(impostor, f"\0fiberrl-stream/{listener.address}"), 10)
-    impostor.listen(1)
-
-    def pretend():
-        conn, _ = impostor.accept()
-        conn.recv(64)
-        conn.sendall((64).to_bytes(8, "little") + os.urandom(64))  # a nonce and a proof it cannot have
-        conn.close()
-
-    threading.Thread(target=pretend, daemon=True).start()
-    client = stream.connect(listener.address)
-    assert client.sock.family == socket.AF_INET
-    client.send([b"hello"])
-    deadline = time.monotonic() + 10
-    while not served and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert served == [bytearray(b"hello")]
-    client.close()
-    impostor.close()
-    listener.close()
-
-
-def _try_bind(sock: socket.socket, name: str) -> bool:
-    try:
-        sock.bind(name)
-        return True
-    except OSError:
-        return False

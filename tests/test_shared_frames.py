@@ -12,6 +12,7 @@ import pytest
 
 from conftest import wait_until
 from fiberrl.runtime import auth, shared_frames, stream
+from fiberrl.runtime.listener import Listener
 
 pytestmark = pytest.mark.skipif(not (stream.LOCAL_SOCKETS and shared_frames.AVAILABLE),
                                 reason="shared frame rings need Linux (abstract Unix sockets and memfd)")
@@ -24,7 +25,7 @@ def echo(s: stream.Stream) -> None:
 
 @pytest.fixture
 def echoed():
-    listener = stream.Listener("127.0.0.1", echo)
+    listener = Listener("127.0.0.1", echo)
     client = stream.connect(listener.address)
     yield client
     client.close()
@@ -67,7 +68,7 @@ def test_a_reader_that_falls_behind_gets_frames_through_the_pipe_in_order(monkey
             got.append(bytes(s.recv()))
         done.set()
 
-    listener = stream.Listener("127.0.0.1", read_late)
+    listener = Listener("127.0.0.1", read_late)
     client = stream.connect(listener.address)
     for i in range(count):
         client.send([frame(size, i)])
@@ -91,7 +92,7 @@ def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
             got.append(bytes(s.recv()))
         done.set()
 
-    listener = stream.Listener("127.0.0.1", collect)
+    listener = Listener("127.0.0.1", collect)
     client = stream.connect(listener.address)
 
     def send(k):
@@ -112,7 +113,7 @@ def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
 
 def test_streams_over_tcp_have_no_ring(monkeypatch):
     monkeypatch.setattr(stream, "LOCAL_SOCKETS", False)
-    listener = stream.Listener("127.0.0.1", echo)
+    listener = Listener("127.0.0.1", echo)
     client = stream.connect(listener.address)
     assert client.sock.family == socket.AF_INET and client._ring_out is None
     client.send([frame(100_000, 1)])
@@ -123,7 +124,7 @@ def test_streams_over_tcp_have_no_ring(monkeypatch):
 
 def raw_local_connection(listener) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(f"\0fiberrl-stream/{listener.address}")
+    sock.connect(auth.local_name(listener.address))
     return sock
 
 
@@ -140,7 +141,7 @@ def open_rings() -> list[str]:
 
 def test_a_ring_offered_before_the_proof_is_refused_and_its_memory_let_go():
     served = []
-    listener = stream.Listener("127.0.0.1", lambda s: served.append(s))
+    listener = Listener("127.0.0.1", lambda s: served.append(s))
     sock = raw_local_connection(listener)
     ring = shared_frames.RingWriter(1 << 20)
     socket.send_fds(sock, [stream.RING_OFFER.to_bytes(8, "little")], [ring.fd])
@@ -154,7 +155,7 @@ def test_a_ring_offered_before_the_proof_is_refused_and_its_memory_let_go():
 
 
 def test_a_peer_without_the_secret_never_gets_a_ring():
-    listener = stream.Listener("127.0.0.1", lambda s: None)
+    listener = Listener("127.0.0.1", lambda s: None)
     sock = raw_local_connection(listener)
     sock.sendall((auth.NONCE_BYTES).to_bytes(8, "little") + auth.new_nonce())
     sock.settimeout(10)
@@ -191,7 +192,7 @@ def test_the_ring_offer_is_read_even_when_it_arrives_with_the_first_frame():
         served.set()
         s.recv()
 
-    listener = stream.Listener("127.0.0.1", answer_at_once)
+    listener = Listener("127.0.0.1", answer_at_once)
     client = stream.connect(listener.address)
     assert served.wait(10)
     time.sleep(0.05)
@@ -211,7 +212,7 @@ def test_a_close_reaches_the_peer_while_a_forked_process_still_holds_the_pipe():
             s.recv()
         ended.set()
 
-    listener = stream.Listener("127.0.0.1", serve)
+    listener = Listener("127.0.0.1", serve)
     client = stream.connect(listener.address)
     assert client._pipe_out is not None
     child = os.fork()
@@ -237,7 +238,7 @@ def handshake_by_hand(listener) -> socket.socket:
     while len(reply) < 8 + 2 * auth.NONCE_BYTES:
         reply += sock.recv(4096)
     server_nonce = reply[8:8 + auth.NONCE_BYTES]
-    proof = auth.client_proof(secret, server_nonce, client_nonce)
+    proof = auth.client_proof(secret, server_nonce, client_nonce, auth.channel("unix", listener.address))
     sock.sendall(len(proof).to_bytes(8, "little") + proof)
     return sock
 
@@ -245,7 +246,7 @@ def handshake_by_hand(listener) -> socket.socket:
 @pytest.mark.skipif(sys.byteorder != "little", reason="the test writes frame headers by hand")
 def test_an_offer_of_a_pipes_write_end_is_refused(caplog):
     served = []
-    listener = stream.Listener("127.0.0.1", lambda s: served.append(s))
+    listener = Listener("127.0.0.1", lambda s: served.append(s))
     sock = handshake_by_hand(listener)
     read_end, write_end = os.pipe()
     socket.send_fds(sock, [(stream.RING_OFFER | stream.OFFER_PIPE).to_bytes(8, "little")], [write_end])
@@ -269,7 +270,7 @@ def test_readable_works_for_a_stream_whose_fds_are_past_1024():
         pytest.skip("this process may not open 1200 files (its hard limit is lower)")
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
     try:
-        listener = stream.Listener("127.0.0.1", echo)
+        listener = Listener("127.0.0.1", echo)
         client = stream.connect(listener.address)
         assert client.fileno() >= 1024
         assert not client.readable(0.05)
@@ -292,7 +293,7 @@ def test_a_side_that_cannot_make_a_pipe_stays_on_the_socket(monkeypatch):
             raise OSError(24, "Too many open files")
         return real_pipe()
     monkeypatch.setattr(os, "pipe", pipe)
-    listener = stream.Listener("127.0.0.1", echo)
+    listener = Listener("127.0.0.1", echo)
     client = stream.connect(listener.address)
     assert client._pipe_out is None and client._pipe_in is not None and client.sock.fileno() >= 0
     for i, size in enumerate([10, 100_000, shared_frames.RING_BYTES + 1]):

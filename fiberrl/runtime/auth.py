@@ -1,17 +1,24 @@
 """The run's secret and the mutual HMAC challenge every connection passes
 before any byte it carries is unpickled.
 
-Handshake, once per connection (nng pipe):
+Handshake, once per connection (nng pipe or stream):
 
     client -> server   HELLO  client_nonce
-    server -> client   CHALLENGE  server_nonce, HMAC(secret, "server" | cn | sn)
-    client -> server   PROOF  HMAC(secret, "client" | sn | cn)
-    server -> client   OK
+    server -> client   CHALLENGE  server_nonce, HMAC(secret, "server" | cn | sn | channel)
+    client -> server   PROOF  HMAC(secret, "client" | sn | cn | channel)
+    server -> client   OK                                  (nng only)
 
 Each side proves it knows the secret over fresh nonces of the other side,
-so a recorded exchange cannot be replayed.  After it, the connection is
-trusted for its lifetime, as with ``multiprocessing.connection``'s
-``answer_challenge``; no per-message cost.
+so a recorded exchange cannot be replayed.  ``channel`` names the
+connection as each side sees it (its kind and the listener's address): a
+party in the middle that relays the exchange to another listener, or from
+a Unix socket to TCP, makes the two sides prove different things, and both
+refuse.  A relay that keeps kind and address alike (a party on the network
+path of a TCP connection) is stopped by what follows: both sides derive
+session keys from the exchange, and every frame over TCP carries a MAC
+under them (:class:`FrameSigner`).  Unix sockets need none: the kernel
+puts no one between their ends, whose names only the run can compute
+(:func:`local_name`) and whose peers' uid is checked (:func:`peer_trusted`).
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ import hashlib
 import hmac
 import os
 import secrets
+import socket
+import struct
 
 SECRET_ENV = "FIBERRL_RUN_SECRET"
 SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
@@ -67,13 +76,76 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"server" + client_nonce + server_nonce, hashlib.sha256).digest()
+def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, channel: bytes = b"") -> bytes:
+    return hmac.new(secret, b"server" + client_nonce + server_nonce + channel, hashlib.sha256).digest()
 
 
-def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"client" + server_nonce + client_nonce, hashlib.sha256).digest()
+def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes, channel: bytes = b"") -> bytes:
+    return hmac.new(secret, b"client" + server_nonce + client_nonce + channel, hashlib.sha256).digest()
 
 
 def verify(expected: bytes, received: bytes) -> bool:
     return hmac.compare_digest(expected, received)
+
+
+def channel(kind: str, address: str) -> bytes:
+    """What a handshake binds itself to: the connection's kind ("tcp", "unix")
+    and the address the client dialled, which is the listener's own."""
+    return f"|{kind}|{address}".encode()
+
+
+def local_name(address: str, secret: bytes | None = None) -> str:
+    """The abstract Unix socket name of the listener at TCP ``address``:
+    derived from the secret, so no process outside the run can compute it
+    and claim it first."""
+    digest = hmac.new(secret or run_secret(), b"fiberrl-local-name" + address.encode(), hashlib.sha256)
+    return "\0fiberrl-stream/" + digest.hexdigest()[:40]
+
+
+_CREDENTIALS = struct.Struct("3i")
+
+
+def peer_trusted(sock: socket.socket) -> tuple[bool, str]:
+    """Whether the process at the other end of a Unix socket runs as this
+    process's user (or root, who can read the secret anyway), and who it is."""
+    try:
+        pid, uid, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
+    except (OSError, AttributeError) as exc:
+        return False, f"a peer whose credentials cannot be read ({exc})"
+    return uid in (os.getuid(), 0), f"pid {pid}, uid {uid}"
+
+
+MAC_BYTES = 16
+
+
+class FrameSigner:
+    """The MACs of one direction of a connection: HMAC-SHA256 (truncated to
+    16 bytes) of the frame's number and its body, under a key only the two
+    ends of this handshake hold.  Numbering stops a frame from being dropped,
+    replayed or reordered without notice."""
+
+    def __init__(self, key: bytes):
+        self._base = hmac.new(key, digestmod=hashlib.sha256)
+        self._count = 0
+
+    def sign(self, parts) -> bytes:
+        mac = self._base.copy()
+        mac.update(self._count.to_bytes(8, "little"))
+        self._count += 1
+        for part in parts:
+            mac.update(part)
+        return mac.digest()[:MAC_BYTES]
+
+    def check(self, body, tag) -> bool:
+        return hmac.compare_digest(self.sign([body]), tag)
+
+
+def session_signers(secret: bytes, client_nonce: bytes, server_nonce: bytes, channel: bytes,
+                    is_client: bool) -> tuple[FrameSigner, FrameSigner]:
+    """(this side's signer for what it sends, the checker for what it receives)."""
+    session = hmac.new(secret, b"session" + client_nonce + server_nonce + channel, hashlib.sha256).digest()
+    to_server = hmac.new(session, b"client to server", hashlib.sha256).digest()
+    to_client = hmac.new(session, b"server to client", hashlib.sha256).digest()
+    if is_client:
+        return FrameSigner(to_server), FrameSigner(to_client)
+    return FrameSigner(to_client), FrameSigner(to_server)

@@ -16,7 +16,8 @@ import select
 import threading
 import time
 
-from .stream import Listener, Stream, StreamClosed, connect
+from .listener import Listener
+from .stream import Stream, StreamClosed, connect
 from .stream_pump import StreamPump
 from .transport import ERROR, PeerGone
 

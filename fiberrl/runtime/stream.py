@@ -9,12 +9,17 @@ thread itself.  A stream is that plain socket: frames of
 nng connection (:mod:`fiberrl.runtime.auth`), so nothing is read from a peer
 that has not proved it holds the run's secret.
 
-On Linux a listener also binds an abstract Unix socket named after its TCP
-address, and ``connect`` tries it first: a peer in the same network
-namespace (the same host, for local and Slurm jobs) then skips the TCP
-stack, whose loopback send costs ~20 us against ~2.5 us here.  Elsewhere the
-name does not exist and the connection goes over TCP.  Either way the peer
-must pass the same handshake.  Over a Unix socket, once both have passed it,
+On Linux a listener also binds an abstract Unix socket whose name only the
+run can compute from its TCP address (:func:`auth.local_name`), and
+``connect`` tries it first: a peer in the same network namespace (the same
+host, for local and Slurm jobs) then skips the TCP stack, whose loopback
+send costs ~20 us against ~2.5 us here.  Elsewhere the name does not exist
+and the connection goes over TCP.  Either way the peer must pass the same
+handshake, bound to the kind of connection and the listener's address;
+over a Unix socket both sides also check the other runs as their user, and
+over TCP every frame after the handshake carries a MAC under the session's
+keys (:class:`auth.FrameSigner`), which a party on the network path cannot
+forge.  The listener's side of the handshake is in :mod:`.listener`.  Over a Unix socket, once both have passed it,
 each side hands the other the read end of a pipe its frames then go through,
 and a ring of shared memory its large frames then lie in
 (:mod:`fiberrl.runtime.shared_frames`); the socket is closed.
@@ -49,6 +54,8 @@ log = logging.getLogger("fiberrl.stream")
 
 _LENGTH = struct.Struct("<Q")
 HANDSHAKE_TIMEOUT = 10.0
+# a server's challenge: its nonce and its proof
+CHALLENGE_BYTES = 2 * auth.NONCE_BYTES
 # larger frames are refused: a corrupt length must not allocate the machine's memory
 MAX_FRAME = 1 << 36
 READ_BUFFER = 1 << 16
@@ -64,11 +71,6 @@ _FLAGS = IN_RING | RING_OFFER | CLOSING
 # what an offer carries, in the length bits of its word; its fds come in this order
 OFFER_RING, OFFER_PIPE = 1, 2
 _FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
-
-
-def _local_name(address: str) -> str:
-    """The abstract Unix socket a listener at TCP ``address`` also binds."""
-    return f"\0fiberrl-stream/{address}"
 
 
 class StreamClosed(ConnectionError):
@@ -104,6 +106,9 @@ class Stream:
         self._pipe_out: int | None = None
         self._pipe_in: int | None = None
         self._pipe_poll = None  # a poll of _pipe_in, for reads that must not block
+        # over TCP, once the handshake is done: MACs of the frames sent and received
+        self._signer: auth.FrameSigner | None = None
+        self._checker: auth.FrameSigner | None = None
         self._close_lock = threading.Lock()
         if peer is not None:
             self.peer = peer
@@ -119,6 +124,9 @@ class Stream:
         size = 0
         for part in parts:
             size += len(part) if type(part) is bytes else memoryview(part).nbytes
+        if self._signer is not None:
+            self._send_signed(parts, size)
+            return
         if size <= SMALL_FRAME:  # one copy costs less than a scatter list
             data = _LENGTH.pack(size) + b"".join(parts)
             try:
@@ -140,6 +148,36 @@ class Stream:
                 self._write(views)
         except OSError as exc:
             raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+
+    def _send_signed(self, parts, size: int) -> None:
+        """Send one frame with its MAC after it (signed under the lock: frames are numbered in the order sent)."""
+        views = [memoryview(p).cast("B") for p in parts]
+        try:
+            with self._send_lock:
+                tag = self._signer.sign(views)
+                self._write([_LENGTH.pack(size + auth.MAC_BYTES), *views, tag])
+        except OSError as exc:
+            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+
+    def sign_frames(self, signer: auth.FrameSigner, checker: auth.FrameSigner) -> None:
+        """From now on every frame sent carries a MAC, and every frame received must."""
+        self._signer, self._checker = signer, checker
+
+    def _opened(self, frame: bytearray) -> bytearray:
+        """A frame received, its MAC checked and taken off (where frames carry one)."""
+        checker = self._checker
+        if checker is None:
+            return frame
+        if len(frame) < auth.MAC_BYTES:
+            raise PeerMisbehaved(f"{self.peer} sent a frame too short to carry its MAC")
+        tag = bytes(frame[-auth.MAC_BYTES:])
+        del frame[-auth.MAC_BYTES:]
+        if not checker.check(frame, tag):
+            log.warning("closing the stream with %s: a frame's MAC does not match (a party without the "
+                        "run's secret is on the connection)", self.peer)
+            raise PeerMisbehaved(f"{self.peer} sent a frame whose MAC does not match: "
+                                 "a party without the run's secret is on the connection")
+        return frame
 
     def _write(self, parts: list) -> None:
         """Write ``parts`` whole, to this side's pipe once there is one, else to the socket
@@ -182,11 +220,13 @@ class Stream:
                         return None
                     got += n
                 self._large = None
-                return body
+                view.release()  # the frame may be cut to take its MAC off
+                return self._opened(body)
             held = self._end - self._start
             if held >= _LENGTH.size:
                 (length,) = _LENGTH.unpack_from(self._buf, self._start)
                 flags = 0
+                most = limit if self._checker is None else limit + auth.MAC_BYTES
                 if length & _FLAGS:
                     flags, size = length & _FLAGS, length & ~_FLAGS
                     if flags == CLOSING:
@@ -194,13 +234,13 @@ class Stream:
                     length = shared_frames.WHERE.size if flags == IN_RING else 0
                     if size > limit:
                         raise PeerMisbehaved(f"{self.peer} sent a frame of {size} bytes: refused")
-                elif length > limit:
+                elif length > most:
                     raise PeerMisbehaved(f"{self.peer} sent a frame of {length} bytes: refused")
                 begin = self._start + _LENGTH.size
                 if held - _LENGTH.size >= length:
                     self._start = begin + length
                     if not flags:
-                        return bytearray(self._view[begin:self._start])
+                        return self._opened(bytearray(self._view[begin:self._start]))
                     ring = self._ring_in
                     if flags == IN_RING and ring is not None:
                         try:
@@ -405,8 +445,11 @@ def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
     if local is not None:
         try:
             return _authenticate(local, address)
-        except (PermissionError, StreamClosed):
-            pass  # another process holds the name, or the listener went: TCP decides
+        except (PermissionError, PeerMisbehaved) as exc:
+            log.warning("refused the local socket of %s, whose holder failed the handshake (%s); "
+                        "connecting over TCP instead", address, exc)
+        except StreamClosed as exc:
+            log.debug("the local socket of %s closed during the handshake (%s)", address, exc)
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
@@ -419,18 +462,22 @@ def _authenticate(stream: Stream, address: str) -> Stream:
     """The client's half of the mutual handshake; the stream is closed if it fails."""
     try:
         secret = auth.run_secret()
+        local = stream.sock.family == socket.AF_UNIX
+        channel = auth.channel("unix" if local else "tcp", address)
         client_nonce = auth.new_nonce()
         stream.send([client_nonce])
-        reply = stream.recv()
+        reply = stream.recv(limit=CHALLENGE_BYTES)
         server_nonce, proof = bytes(reply[:auth.NONCE_BYTES]), bytes(reply[auth.NONCE_BYTES:])
-        if not auth.verify(auth.server_proof(secret, client_nonce, server_nonce), proof):
+        if not auth.verify(auth.server_proof(secret, client_nonce, server_nonce, channel), proof):
             raise PermissionError(f"{address} failed to prove it holds this run's secret")
-        stream.send([auth.client_proof(secret, server_nonce, client_nonce)])
-        if stream.sock.family == socket.AF_UNIX:
+        stream.send([auth.client_proof(secret, server_nonce, client_nonce, channel)])
+        if local:
             stream.await_ring()
             stream.trust_ring()
             stream.offer_ring()
             stream.take_offer()
+        else:
+            stream.sign_frames(*auth.session_signers(secret, client_nonce, server_nonce, channel, is_client=True))
         stream.handshake_done()
     except BaseException:
         stream.close()
@@ -445,96 +492,17 @@ def _connect_local(address: str, timeout: float) -> Stream | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(_local_name(address))
+        sock.connect(auth.local_name(address))
     except OSError:
         sock.close()
         return None
+    trusted, who = auth.peer_trusted(sock)
+    if not trusted:
+        log.warning("refused the local socket of %s: it is held by %s, not this run's user; "
+                    "connecting over TCP instead", address, who)
+        sock.close()
+        return None
     return Stream(sock, peer=address)
-
-
-def _handshake_part(stream: Stream) -> bytes:
-    """A nonce or a proof (32 bytes each): anything else ends the handshake."""
-    part = stream.recv(limit=auth.NONCE_BYTES)
-    if len(part) != auth.NONCE_BYTES:
-        raise PermissionError(f"a handshake frame of {len(part)} bytes")
-    return bytes(part)
-
-
-class Listener:
-    """Accepts streams on ``host``; ``serve(stream)`` runs on a thread of its own per connection."""
-
-    def __init__(self, host: str, serve, hand_off: bool = False):
-        """``hand_off``: ``serve`` keeps the stream (a poller reads it) instead
-        of serving it on the connection's thread until it ends."""
-        self._serve, self._hand_off = serve, hand_off
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self._sock.listen(128)
-        bound_host, port = self._sock.getsockname()[:2]
-        self.address = f"{bound_host}:{port}"
-        self._local = None
-        if LOCAL_SOCKETS:
-            self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                self._local.bind(_local_name(self.address))
-                self._local.listen(128)
-            except OSError:  # the name is taken (by a process squatting on it): TCP only
-                self._local.close()
-                self._local = None
-        for sock in (self._sock, self._local):
-            if sock is not None:
-                threading.Thread(target=self._accept, args=(sock,), name="fiberrl-stream-accept",
-                                 daemon=True).start()
-
-    def _accept(self, listening: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listening.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._handle, args=(sock,), name="fiberrl-stream", daemon=True).start()
-
-    def _handle(self, sock: socket.socket) -> None:
-        stream = Stream(sock, peer="a local process" if sock.family == socket.AF_UNIX else None)
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            secret = auth.run_secret()
-            client_nonce = _handshake_part(stream)
-            server_nonce = auth.new_nonce()
-            local = sock.family == socket.AF_UNIX
-            if local:  # the client's offer follows its proof, perhaps within one read
-                stream.await_ring()
-            stream.send([server_nonce, auth.server_proof(secret, client_nonce, server_nonce)])
-            if not auth.verify(auth.client_proof(secret, server_nonce, client_nonce), _handshake_part(stream)):
-                raise PermissionError("wrong proof")
-            if local:
-                stream.trust_ring()
-                stream.offer_ring()
-                stream.take_offer()
-            stream.handshake_done()
-        except (PermissionError, PeerMisbehaved) as exc:
-            log.warning("closed a stream from %s that failed authentication (%s)", stream.peer, exc)
-            stream.close()
-            return
-        except (OSError, StreamClosed) as exc:
-            # most often a job killed while it connected (a pool terminated as its workers start)
-            log.debug("a stream from %s closed during its handshake (%s)", stream.peer, exc)
-            stream.close()
-            return
-        if self._hand_off:
-            self._serve(stream)
-            return
-        try:
-            self._serve(stream)
-        except StreamClosed:
-            pass
-        finally:
-            stream.close()
-
-    def close(self) -> None:
-        _close(self._sock)
-        if self._local is not None:
-            _close(self._local)
 
 
 def _close(sock: socket.socket) -> None:

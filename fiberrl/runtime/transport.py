@@ -10,7 +10,13 @@ in its own nng context, so threads of one process share it.
 Wire format -- request: op (1 byte) | object id (16 bytes) | payload;
 reply: status (1 byte) | payload.  Nothing from a connection reaches a
 handler, let alone ``pickle``, before the connection passed the handshake of
-:mod:`fiberrl.runtime.auth`.
+:mod:`fiberrl.runtime.auth`, bound to the address the client dialled: the
+client's hello names it, and a server that does not listen there refuses
+(a party that relays a job's connection to another listener of the run).
+
+nng reads a whole message before anyone sees it, so a server takes none
+larger than ``MAX_MESSAGE`` bytes (a peer that announces more is cut off
+before anything is allocated for it), and a client refuses to send one.
 """
 from __future__ import annotations
 
@@ -36,10 +42,16 @@ _HEAD = 17  # op + object id
 POST_WINDOW = 256
 # posted requests are answered at once (never parked): a missing answer means a stuck peer
 POST_REPLY_TIMEOUT_MS = 30_000
+# the largest message a server takes: an item put into a queue or sent through a pipe, pickled
+MAX_MESSAGE = 1 << 30
 
 
 class PeerGone(ConnectionError):
     """The process at the other end of a connection went away."""
+
+
+class MessageTooLarge(ValueError):
+    """An item too large to send through a queue or pipe."""
 
 
 class RemoteError(RuntimeError):
@@ -78,6 +90,8 @@ class Server:
         self._on_pipe_lost = on_pipe_lost
         self._secret = auth.run_secret()
         self._sock = pynng.Socket(opener=lib.nng_rep0_open_raw)
+        self._sock.recv_max_size = MAX_MESSAGE
+        self._addresses: set[str] = set()
         self._trusted: set[int] = set()
         self._pending: dict[int, tuple[bytes, bytes]] = {}
         self._sock.add_post_pipe_remove_cb(self._forget_pipe)
@@ -89,7 +103,9 @@ class Server:
         """Also accept connections on ``host`` (a fresh port); its address."""
         listener = self._sock.listen(f"tcp://{host}:0")
         address = str(listener.url if hasattr(listener, "url") else listener.local_address)
-        return address if address.startswith("tcp://") else "tcp://" + address
+        address = address if address.startswith("tcp://") else "tcp://" + address
+        self._addresses.add(address)
+        return address
 
     def send_reply(self, header: bytes, status: int, parts) -> None:
         msg = wire.new_msg([bytes((status,)), *parts], header=header)
@@ -136,21 +152,32 @@ class Server:
 
     def _handshake(self, pipe, pipe_id, header, body) -> None:
         op = body[0] if body else 0
-        if op == HELLO and len(body) == 1 + auth.NONCE_BYTES:
-            client_nonce = bytes(body[1:])
+        if op == HELLO and _HELLO_MIN <= len(body) <= _HELLO_MAX and pipe_id not in self._pending:
+            client_nonce = bytes(body[1:_HELLO_MIN])
+            dialled = bytes(body[_HELLO_MIN:]).decode(errors="replace")
+            if dialled not in self._addresses:
+                log.warning("closed a connection that dialled %s, which is not this server: relayed by a party "
+                            "in the middle", dialled)
+                lib.nng_pipe_close(pipe)
+                return
             server_nonce = auth.new_nonce()
-            self._pending[pipe_id] = (client_nonce, server_nonce)
-            proof = auth.server_proof(self._secret, client_nonce, server_nonce)
+            self._pending[pipe_id] = (client_nonce, server_nonce, auth.channel("tcp", dialled))
+            proof = auth.server_proof(self._secret, client_nonce, server_nonce, self._pending[pipe_id][2])
             self.send_reply(header, OK, [server_nonce, proof])
             return
         if op == PROOF and pipe_id in self._pending:
-            client_nonce, server_nonce = self._pending.pop(pipe_id)
-            if auth.verify(auth.client_proof(self._secret, server_nonce, client_nonce), bytes(body[1:])):
+            client_nonce, server_nonce, channel = self._pending.pop(pipe_id)
+            if auth.verify(auth.client_proof(self._secret, server_nonce, client_nonce, channel), bytes(body[1:])):
                 self._trusted.add(pipe_id)
                 self.send_reply(header, OK, [])
                 return
         log.warning("closed a connection that failed authentication (%d bytes ignored)", len(body))
         lib.nng_pipe_close(pipe)
+
+
+# a hello: op, the client's nonce, the address it dialled
+_HELLO_MIN = 1 + auth.NONCE_BYTES
+_HELLO_MAX = _HELLO_MIN + 300
 
 
 class Pending:
@@ -175,7 +202,8 @@ class Client:
         self.address = address
         # no resends and no redials: a request must never travel down a fresh pipe
         # that has not passed the handshake; a lost connection stays lost (PeerGone)
-        self._sock = pynng.Req0(resend_time=-1, reconnect_time_min=NEVER_MS, reconnect_time_max=NEVER_MS)
+        self._sock = pynng.Req0(resend_time=-1, reconnect_time_min=NEVER_MS, reconnect_time_max=NEVER_MS,
+                                recv_max_size=MAX_MESSAGE)
         self._lost = threading.Event()
         self._inflight: set = set()
         self._lock = threading.Lock()
@@ -212,11 +240,13 @@ class Client:
     def _authenticate(self, timeout: float) -> None:
         secret = auth.run_secret()
         client_nonce = auth.new_nonce()
-        status, reply = self._roundtrip([bytes((HELLO,)), client_nonce], timeout)
+        channel = auth.channel("tcp", self.address)
+        status, reply = self._roundtrip([bytes((HELLO,)), client_nonce, self.address.encode()], timeout)
         server_nonce, proof = bytes(reply[:auth.NONCE_BYTES]), bytes(reply[auth.NONCE_BYTES:])
-        if status != OK or not auth.verify(auth.server_proof(secret, client_nonce, server_nonce), proof):
+        if status != OK or not auth.verify(auth.server_proof(secret, client_nonce, server_nonce, channel), proof):
             raise PermissionError(f"{self.address} failed to prove it holds this run's secret")
-        status, _ = self._roundtrip([bytes((PROOF,)), auth.client_proof(secret, server_nonce, client_nonce)], timeout)
+        status, _ = self._roundtrip([bytes((PROOF,)), auth.client_proof(secret, server_nonce, client_nonce, channel)],
+                                    timeout)
         if status != OK:
             raise PermissionError(f"{self.address} rejected this process's credentials")
 
@@ -273,6 +303,10 @@ class Client:
     def _begin(self, parts):
         if self._lost.is_set():
             raise PeerGone(f"lost the connection to {self.address}")
+        size = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
+        if size > MAX_MESSAGE - 1:  # the reply's status byte must fit as well
+            raise MessageTooLarge(f"an item of {size:,} bytes (pickled) is more than a queue or pipe carries "
+                                  f"({MAX_MESSAGE:,}); send it in parts, or pass it to a Pool's tasks or a Manager")
         with self._lock:
             ctx = self._idle.pop() if self._idle else wire.Context(self._sock.socket)
             self._inflight.add(ctx)

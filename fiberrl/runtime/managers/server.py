@@ -19,7 +19,8 @@ import traceback
 
 from .. import wire
 from ..backends import listen_host
-from ..stream import Listener, Stream, StreamClosed
+from ..listener import Listener
+from ..stream import Stream, StreamClosed
 
 M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT = range(1, 7)
 # a call: op, call id (0: no reply wanted), object token; then its pickled arguments

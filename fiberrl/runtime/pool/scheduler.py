@@ -23,7 +23,8 @@ import cloudpickle
 from .. import wire
 from ..backends import listen_host
 from ..process import Process
-from ..stream import Listener, Stream, StreamClosed
+from ..listener import Listener
+from ..stream import Stream, StreamClosed
 from ..stream_pump import StreamPump
 from ..transport import CLOSED, OK
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
