@@ -1,0 +1,136 @@
+"""Listeners outlive floods: running out of file descriptors, connections that
+never finish their handshake, and many of them at once."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from conftest import ROOT, wait_until
+from fiberrl.runtime import auth, listener as listener_module, stream
+from fiberrl.runtime.listener import Listener
+
+
+def echo(s):
+    while True:
+        s.send([s.recv()])
+
+
+def connect_tcp(address: str) -> stream.Stream:
+    """A stream over TCP even on this host (the local socket would skip what is tested)."""
+    host, _, port = address.rpartition(":")
+    return stream._authenticate(stream.Stream(socket.create_connection((host, int(port)), timeout=10)), address)
+
+
+LISTENER_WITH_FEW_FDS = textwrap.dedent("""
+    import resource, sys, time
+    from fiberrl.runtime.listener import Listener
+    def echo(s):
+        while True:
+            s.send([s.recv()])
+    listener = Listener("127.0.0.1", echo)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    print(listener.address, flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_listener_out_of_file_descriptors_goes_on_listening(script_env):
+    """300 connections against a limit of 64 fds: accept() fails with EMFILE for a
+    while, and once they are gone a client of the run is served again."""
+    script_env["FIBERRL_RUN_SECRET"] = auth.run_secret().hex()
+    server = subprocess.Popen([sys.executable, "-c", LISTENER_WITH_FEW_FDS], env=script_env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        address = server.stdout.readline().strip()
+        host, _, port = address.rpartition(":")
+        flood = []
+        for _ in range(300):  # not waiting for each: past the backlog, connections wait for a SYN answer
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex((host, int(port)))
+            flood.append(sock)
+        time.sleep(1.0)  # the listener meets EMFILE
+        for sock in flood:
+            sock.close()
+        client = connect_tcp(address)
+        client.send([b"still here"])
+        assert client.recv() == b"still here"
+        client.close()
+        local = stream.connect(address)  # and its Unix socket too
+        local.send([b"and here"])
+        assert local.recv() == b"and here"
+        local.close()
+    finally:
+        server.kill()
+        _, stderr = server.communicate(timeout=10)
+    assert "cannot accept a connection now" in stderr  # it said what happened
+
+
+def test_a_handshake_has_one_deadline_for_the_whole_of_it(monkeypatch):
+    """A peer that sends a byte now and then is dropped when the handshake's time is up."""
+    monkeypatch.setattr(listener_module, "HANDSHAKE_TIMEOUT", 1.0)
+    listener = Listener("127.0.0.1", echo)
+    host, _, port = listener.address.rpartition(":")
+    slow = socket.create_connection((host, int(port)), timeout=10)
+    hello = auth.NONCE_BYTES.to_bytes(8, "little") + auth.new_nonce()
+    started, closed_after = time.monotonic(), None
+    try:
+        for byte in hello:
+            slow.send(bytes((byte,)))
+            time.sleep(0.3)
+    except (BrokenPipeError, ConnectionResetError):
+        closed_after = time.monotonic() - started
+    if closed_after is None:  # all sent: the listener must have hung up by now
+        slow.settimeout(5)
+        assert slow.recv(100) == b""
+        closed_after = time.monotonic() - started
+    assert closed_after < 4
+    slow.close()
+    listener.close()
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_connections_waiting_in_the_handshake_cost_no_thread_and_are_bounded():
+    listener = Listener("127.0.0.1", echo)
+    host, _, port = listener.address.rpartition(":")
+    before = thread_count()
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(listener_module.MAX_HANDSHAKES + 72)]
+    assert wait_until(lambda: len(listener._pending) == listener_module.MAX_HANDSHAKES, 10)
+    assert thread_count() <= before + 1
+    # the oldest were dropped to make room: their reads end
+    idle[0].settimeout(5)
+    assert idle[0].recv(10) == b""
+    client = connect_tcp(listener.address)  # and a client of the run is served at once
+    client.send([b"x"])
+    assert client.recv() == b"x"
+    client.close()
+    for sock in idle:
+        sock.close()
+    listener.close()
+
+
+def test_the_gate_thread_survives_a_peer_that_fails_in_any_way():
+    """Peers that connect and vanish, send garbage or reset: the gate goes on."""
+    listener = Listener("127.0.0.1", echo)
+    host, _, port = listener.address.rpartition(":")
+    for attempt in range(50):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        if attempt % 3 == 0:
+            sock.sendall(os.urandom(100))
+        elif attempt % 3 == 1:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+    assert listener._gate.is_alive()
+    client = connect_tcp(listener.address)
+    client.send([b"y"])
+    assert client.recv() == b"y"
+    client.close()
+    listener.close()
+    assert wait_until(lambda: not listener._gate.is_alive(), 5)
+    _ = threading  # the gate is a thread of its own, ended by close()
