@@ -93,3 +93,33 @@ def test_failing_initializer_gives_a_clear_error_not_a_restart_loop():
             pool.apply_async(slow_square, (1,))
     finally:
         pool.terminate()
+
+
+def test_workers_that_cannot_reach_the_pool_fail_its_results_within_start_timeout():
+    """Replacements that start but never get through to the master (its listener
+    unreachable, as under a flood) fail the pending results with a clear error
+    after start_timeout, instead of leaving map() waiting."""
+    import socket
+
+    from fiberrl.runtime import config
+    mp.configure(start_timeout=3)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # takes connections into its backlog and never answers
+    try:
+        with mp.Pool(2) as pool:
+            assert pool.map(slow_square, range(4)) == [0, 1, 4, 9]
+            pool._scheduler._listener.address = "%s:%d" % silent.getsockname()
+            result = pool.map_async(slow_square, range(10))
+            for worker in workers():
+                worker.kill()
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match="no pool worker has connected"):
+                result.get(30)
+            assert time.monotonic() - started < 3 + 4
+            with pytest.raises(RuntimeError, match="no pool worker has connected"):
+                pool.map(slow_square, range(2))  # and says so at once from then on
+            pool.terminate()
+    finally:
+        silent.close()
+        config.reset()

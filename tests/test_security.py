@@ -176,3 +176,50 @@ def test_a_lost_connection_is_never_redialled_unauthenticated():
     finally:
         client.close()
         server.close()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_peer_without_the_secret_cannot_make_the_hub_allocate(tmp_path):
+    """nng reads a message whole before the hub sees it: one that says it is 2 GiB
+    long is cut off at its length word, before 256 MiB of it can be held."""
+    import struct
+
+    ready, out = mp.Queue(), mp.Queue()
+    child = mp.Process(target=host_queue_in_child, args=(ready, out))
+    child.start()
+    _, child_pid, childs_queue = ready.get(timeout=30)
+    host, _, port = childs_queue._ref.address.removeprefix("tcp://").rpartition(":")
+    before = rss_bytes(child_pid)
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"\0SP\0" + struct.pack(">H", 48) + b"\0\0")  # nng's header, as a Req0 peer
+        s.recv(8)
+        s.sendall(struct.pack(">Q", 2 << 30))
+        chunk = bytes(1 << 20)
+        try:
+            while sent < 256 << 20:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # cut off
+        time.sleep(0.3)
+        grown = rss_bytes(child_pid) - before
+    assert grown < 32 << 20, f"the hub grew by {grown >> 20} MiB for a peer that proved nothing"
+    childs_queue.put("still fine")
+    assert childs_queue.get(timeout=30) == "still fine"
+    out.put("done")
+    child.join(30)
+    assert child.exitcode == 0
+
+
+def test_an_item_larger_than_a_queue_carries_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(transport, "MAX_MESSAGE", 1 << 20)
+    q = mp.Queue()
+    with pytest.raises(transport.MessageTooLarge, match="more than a queue or pipe carries"):
+        q.put(bytes(2 << 20))
+    q.put("small")
+    assert q.get(timeout=10) == "small"

@@ -17,7 +17,7 @@ from collections import deque
 
 from . import wire
 from .hub import Q_CLOSE, Q_GET, Q_PUT, Q_SIZE, current_hub, get_hub
-from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request
+from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request, check_size
 
 _TIMEOUT = struct.Struct("<d")
 _SIZE = struct.Struct("<q")
@@ -222,6 +222,7 @@ class ChannelRef:
         it returns once sent, and the owner stores items in the order sent.
         """
         parts = wire.dumps(obj)
+        check_size(parts)
         channel = self._local()
         if channel is not None:
             channel.put(wire.join(parts), timeout)

@@ -180,6 +180,15 @@ _HELLO_MIN = 1 + auth.NONCE_BYTES
 _HELLO_MAX = _HELLO_MIN + 300
 
 
+def check_size(parts) -> None:
+    """Refuse a message no server would take (an item as large stored in a queue
+    of this process could not be read from another)."""
+    size = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
+    if size > MAX_MESSAGE - _HEAD:  # a reply's status byte or a request's head must fit as well
+        raise MessageTooLarge(f"an item of {size:,} bytes (pickled) is more than a queue or pipe carries "
+                              f"({MAX_MESSAGE:,}); send it in parts, or pass it to a Pool's tasks or a Manager")
+
+
 class Pending:
     """A request sent by :meth:`Client.ask` whose reply has not been read."""
 
@@ -303,10 +312,7 @@ class Client:
     def _begin(self, parts):
         if self._lost.is_set():
             raise PeerGone(f"lost the connection to {self.address}")
-        size = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
-        if size > MAX_MESSAGE - 1:  # the reply's status byte must fit as well
-            raise MessageTooLarge(f"an item of {size:,} bytes (pickled) is more than a queue or pipe carries "
-                                  f"({MAX_MESSAGE:,}); send it in parts, or pass it to a Pool's tasks or a Manager")
+        check_size(parts)
         with self._lock:
             ctx = self._idle.pop() if self._idle else wire.Context(self._sock.socket)
             self._inflight.add(ctx)

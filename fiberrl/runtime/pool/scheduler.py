@@ -15,13 +15,15 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
 import cloudpickle
 
 from .. import wire
-from ..backends import listen_host
+from ..backends import listen_host, resolve_name
+from ..config import get_config
 from ..process import Process
 from ..listener import Listener
 from ..stream import Stream, StreamClosed
@@ -61,10 +63,12 @@ class Chunk:
 
 
 class Worker:
-    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked")
+    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked",
+                 "started_at")
 
     def __init__(self, worker_id: int, process: Process):
         self.id, self.process = worker_id, process
+        self.started_at = time.monotonic()
         self.stream_id: int | None = None
         self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
@@ -135,6 +139,7 @@ class Scheduler:
         self._stream_ids = itertools.count(1)
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True)
+        self._local = resolve_name(get_config().backend) == "local"
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()
 
@@ -327,8 +332,11 @@ class Scheduler:
                 lost, self._lost = list(self._lost), deque()
                 # workers that died before connecting: backend status is the only witness
                 lost += [w for w in starting if w.process.exitcode is not None and w.id in self._workers]
+                unreachable = self._none_connected_in_time(starting)
             for worker in lost:
                 self._handle_loss(worker)
+            if unreachable:
+                self._fail_everything(RuntimeError(self._broken))
             self._start_missing_workers()
             self._feed()
             with self._lock:
@@ -341,6 +349,21 @@ class Scheduler:
                 if self.state == CLOSE and not self._workers:
                     return
             _send(replies)
+
+    def _none_connected_in_time(self, starting: list[Worker]) -> bool:
+        """Whether no worker runs and none of those started has connected within the
+        time a job may take (with the lock held): the pool is then broken, not slow."""
+        if self._broken or not starting or len(starting) < len(self._workers):
+            return False
+        config = get_config()
+        # a job on a cluster may first wait to be scheduled, which the backend bounds itself
+        limit = config.start_timeout + (0 if self._local else config.schedule_timeout)
+        oldest = min(w.started_at for w in starting)
+        if time.monotonic() - oldest < limit:
+            return False
+        self._broken = (f"no pool worker has connected to this process at {self._listener.address} in {limit:.0f} s "
+                        f"(start_timeout): the workers cannot start or cannot reach it; see the log above")
+        return True
 
     def _needs_attention(self) -> bool:
         active = sum(1 for w in self._workers.values() if not w.retiring)
