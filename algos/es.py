@@ -23,6 +23,7 @@ a resume from a checkpoint.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -30,8 +31,11 @@ import numpy as np
 
 import fiberrl.runtime as mp
 from fiberrl.envs import make_env
-from fiberrl.noise import NoiseTable
-from fiberrl.policies import RunningStat, make_policy, run_episode
+from fiberrl.noise import FLOAT_BYTES, NoiseTable, table_path
+from fiberrl.policies import POLICIES, RunningStat, make_policy, run_episode
+from fiberrl.run import DamagedFile, require
+from fiberrl.validation import (UsageError, at_least, between, check_fields, finite, layer_sizes, non_negative, one_of,
+                                optional, positive, shown)
 
 
 @dataclass
@@ -55,6 +59,70 @@ class Config:
     checkpoint_every: int = 10        # iterations between checkpoints
     stop_reward: float | None = None  # stop once eval_reward reaches this
     chunksize: int | None = None      # perturbations per pool task (None: the pool's default)
+
+
+# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
+RULES = {
+    "name": one_of("es").because("algo=<name> chooses the algorithm"),
+    "iterations": at_least(1),
+    "population": at_least(1),
+    "sigma": positive(),
+    "learning_rate": positive(),
+    "adam_beta1": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
+    "adam_beta2": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
+    "weight_decay": non_negative(),
+    "policy": one_of(*POLICIES),
+    "hidden": layer_sizes(),
+    "noise_size": at_least(1),
+    "obstat_prob": between(0, 1),
+    "obs_clip": positive(),
+    "episode_steps": optional(at_least(1), "the env's own limit"),
+    "eval_episodes": at_least(0).because("0: no eval_reward"),
+    "checkpoint_every": at_least(1),
+    "stop_reward": optional(finite(), "no early stop"),
+    "chunksize": optional(at_least(1), "the pool's default"),
+}
+
+
+def check_settings(cfg) -> None:
+    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, RULES, "algo.")
+    algo = cfg.algo
+    if algo.stop_reward is not None and algo.eval_episodes == 0:
+        raise UsageError(f"algo.stop_reward={algo.stop_reward} is compared with the eval reward, which "
+                         f"algo.eval_episodes=0 never measures; set algo.eval_episodes >= 1")
+    try:
+        env = make_env(cfg.env.id, dict(cfg.env.kwargs), cfg.env.max_episode_steps)
+    except TypeError as exc:  # gymnasium's message names the env and the argument it does not take
+        raise UsageError(f"env.kwargs={shown(cfg.env.kwargs)}: {str(exc).splitlines()[0]}") from None
+    try:
+        check_noise_size(algo, env)
+    finally:
+        env.close()
+    check_noise_room(algo.noise_size, cfg.seed)
+
+
+def check_noise_size(algo, env) -> None:
+    """A perturbation is a slice of the noise table as long as the policy's parameters."""
+    try:
+        parameters = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden)).num_params
+    except ValueError as exc:  # an action space the policies do not support
+        raise UsageError(f"env.id={env.spec.id}: {exc}") from None
+    if algo.noise_size < parameters:
+        raise UsageError(f"algo.noise_size={algo.noise_size}: must be at least {parameters}, the policy's number "
+                         f"of parameters (a perturbation is a slice of the noise table that long)")
+
+
+def check_noise_room(size: int, seed: int) -> None:
+    """This host makes the table where fiberrl.noise keeps it, unless an earlier run left it there."""
+    path = table_path(seed, size)
+    if os.path.exists(path):
+        return
+    room = os.statvfs(os.path.dirname(path))
+    free = room.f_bavail * room.f_frsize
+    if size * FLOAT_BYTES > free:
+        raise UsageError(f"algo.noise_size={size}: its table needs {size * FLOAT_BYTES / 2**30:.1f} GiB and "
+                         f"{os.path.dirname(path)} has {free / 2**30:.1f} GiB free")
 
 
 # --- the ask/tell core: no workers, no environments -------------------------
@@ -146,6 +214,27 @@ class ES:
         self.obs_stat.sum, self.obs_stat.sumsq = arrays["obs_sum"], arrays["obs_sumsq"]
         self.obs_stat.count = values["obs_count"]
         self.rng.bit_generator.state = values["rng"]
+
+
+STATE_ARRAYS = ("theta", "adam_m", "adam_v", "obs_sum", "obs_sumsq")
+STATE_VALUES = ("adam_t", "obs_count", "rng")
+
+
+def check_state(arrays: dict, values: dict, size: int, obs_shape) -> None:
+    """Raise DamagedFile unless ``(arrays, values)`` hold an ``ES.state()`` of ``size`` parameters."""
+    require(arrays, values, STATE_ARRAYS, STATE_VALUES)
+    shapes = dict(theta=(size,), adam_m=(size,), adam_v=(size,), obs_sum=tuple(obs_shape),
+                  obs_sumsq=tuple(obs_shape))
+    wrong = [f"{name} of shape {arrays[name].shape}, not {shape}" for name, shape in shapes.items()
+             if arrays[name].shape != shape]
+    if wrong:
+        raise DamagedFile(f"it holds {', '.join(wrong)}")
+
+
+def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
+    """Raise DamagedFile unless a checkpoint holds all that ``train`` resumes from."""
+    check_state(arrays, values, size, obs_shape)
+    require(arrays, values, value_names=("timesteps", "time_s", "best"))
 
 
 # --- the workers' side --------------------------------------------------------
@@ -246,21 +335,30 @@ def train(cfg, run, on_iteration=None) -> dict:
     """Run ES as ``cfg`` (the composed app config) says, writing into ``run``
     (a ``fiberrl.run.RunDirectory``).  ``on_iteration(iteration, pool)`` is
     called after every update.  Returns the final parameters and a summary."""
+    noise = NoiseTable(cfg.seed, cfg.algo.noise_size)
+    try:
+        return _train(cfg, run, noise, on_iteration)
+    finally:
+        # on every way out, a failed resume too: this host's copy (made by this run or left by a
+        # crashed one) is 1 GB of memory
+        noise.unlink()
+
+
+def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     algo = cfg.algo
     env = make_env(cfg.env.id, dict(cfg.env.kwargs), cfg.env.max_episode_steps)
     policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
-    noise = NoiseTable(cfg.seed, algo.noise_size)
     init_rng = np.random.Generator(np.random.PCG64([cfg.seed, 1]))
     es = ES(policy.initial_params(init_rng), algo, noise, seed=cfg.seed, obs_shape=env.observation_space.shape)
     env.close()
 
     start, timesteps, elapsed, best = 0, 0, 0.0, -np.inf
-    checkpoint = run.load_checkpoint()
+    checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
+                                                                    es.obs_stat.sum.shape))
     if checkpoint is not None:
         arrays, values = checkpoint
         es.restore(arrays, values)
         start, timesteps, elapsed, best = values["iteration"] + 1, values["timesteps"], values["time_s"], values["best"]
-        run.truncate_metrics(after_iteration=values["iteration"])
         run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
 
     spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), algo.episode_steps or cfg.env.max_episode_steps,
@@ -325,6 +423,5 @@ def train(cfg, run, on_iteration=None) -> dict:
         if pool is not None:
             pool.terminate()
         server.shutdown()
-        noise.unlink()  # this host's copy, made by this run or left by a crashed one: 1 GB of memory
     summary["theta"] = es.theta
     return summary

@@ -31,9 +31,12 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 import fiberrl.runtime as mp
-from algos.es import ES, ParamServer
+from algos.es import ES, ParamServer, check_noise_room, check_noise_size, check_state
 from fiberrl.noise import NoiseTable
-from fiberrl.policies import make_policy, run_episode
+from fiberrl.policies import POLICIES, make_policy, run_episode
+from fiberrl.run import DamagedFile, require
+from fiberrl.validation import (ANY, UsageError, at_least, between, check_fields, finite, layer_sizes, non_negative,
+                                one_of, optional, positive)
 from fiberrl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
 
 
@@ -80,6 +83,51 @@ class Config:
     stair_steps_max: int = 10
     checkpoint_every: int = 10
     chunksize: int | None = None       # tasks per pool message (None: the pool's default)
+
+
+# an encoding field's upper bound is also its unit in novelty distances, so it cannot be 0
+ENCODING_BOUND = positive().because("the encoding's bound and its unit of novelty")
+
+# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
+RULES = {
+    "name": one_of("poet").because("algo=<name> chooses the algorithm"),
+    "iterations": at_least(1),
+    "population": at_least(1),
+    "sigma": positive(),
+    "learning_rate": positive(),
+    "adam_beta1": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
+    "adam_beta2": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
+    "weight_decay": non_negative(),
+    "obstat_prob": between(0, 1),
+    "obs_clip": positive(),
+    "policy": one_of(*POLICIES),
+    "hidden": layer_sizes(),
+    "noise_size": at_least(1),
+    "episode_steps": optional(at_least(1), "the terrain env's own limit"),
+    "eval_episodes": at_least(1).because("an agent's score on a terrain is their mean"),
+    "reproduce_every": at_least(1),
+    "reproduce_threshold": finite(),
+    "children": at_least(1),
+    "mc_low": finite(),
+    "mc_high": finite(),
+    "max_admitted": at_least(1),
+    "max_active": at_least(1),
+    "novelty_k": at_least(1),
+    "transfer_every": at_least(1),
+    "proposal_transfer": ANY,
+    "solved_threshold": finite(),
+    "roughness_step": non_negative(),
+    "roughness_max": ENCODING_BOUND,
+    "pit_gap_step": non_negative(),
+    "pit_gap_max": ENCODING_BOUND,
+    "stump_height_step": non_negative(),
+    "stump_height_max": ENCODING_BOUND,
+    "stair_height_step": non_negative(),
+    "stair_height_max": ENCODING_BOUND,
+    "stair_steps_max": at_least(1).because("the encoding's bound and its unit of novelty"),
+    "checkpoint_every": at_least(1),
+    "chunksize": optional(at_least(1), "the pool's default"),
+}
 
 
 # --- terrains: mutation, minimal criterion, novelty (no workers) -----------------
@@ -377,12 +425,16 @@ def pack(pairs, archive, master, extra: dict) -> tuple[dict, dict]:
     return arrays, values
 
 
+def pair_arrays(arrays: dict, pair_id: int) -> dict:
+    """The arrays of one pair's optimiser, as ``ES.state()`` named them."""
+    return {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"pair{pair_id}.")}
+
+
 def unpack(arrays, values, master, cfg, noise, obs_shape) -> tuple[list, list]:
     pairs = []
     for meta in values["pairs"]:
         es = ES(arrays[f"pair{meta['id']}.theta"], cfg, noise, seed=0, obs_shape=obs_shape)
-        es.restore({k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"pair{meta['id']}.")},
-                   meta["es"])
+        es.restore(pair_arrays(arrays, meta["id"]), meta["es"])
         pairs.append(Pair(meta["id"], TerrainEncoding.from_dict(meta["encoding"]), es, meta["created"],
                           meta["parent"], meta["score"]))
     archive = [ArchivedTerrain(t["id"], TerrainEncoding.from_dict(t["encoding"]), t["created"], t["solved_at"])
@@ -393,31 +445,71 @@ def unpack(arrays, values, master, cfg, noise, obs_shape) -> tuple[list, list]:
     return pairs, archive
 
 
+PAIR_KEYS = ("id", "encoding", "created", "parent", "score", "es")
+ARCHIVE_KEYS = ("id", "encoding", "created", "solved_at")
+
+
+def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
+    """Raise DamagedFile unless a checkpoint holds all that ``unpack`` and ``train`` read from it,
+    for agents of ``size`` parameters."""
+    require(arrays, values, value_names=("pairs", "archive", "rng", "version", "timesteps", "busy_s", "pool_s",
+                                         "next_id", "time_s"))
+    for meta in values["pairs"]:
+        missing = [k for k in PAIR_KEYS if k not in meta]
+        if missing:
+            raise DamagedFile(f"a pair without {', '.join(missing)} in it")
+        try:
+            check_state(pair_arrays(arrays, meta["id"]), meta["es"], size, obs_shape)
+        except DamagedFile as exc:
+            raise DamagedFile(f"pair {meta['id']}: {exc}") from None
+        TerrainEncoding.from_dict(meta["encoding"])
+    for terrain in values["archive"]:
+        missing = [k for k in ARCHIVE_KEYS if k not in terrain]
+        if missing:
+            raise DamagedFile(f"an archived terrain without {', '.join(missing)} in it")
+        TerrainEncoding.from_dict(terrain["encoding"])
+    archived = {t["id"] for t in values["archive"]}
+    homeless = [meta["id"] for meta in values["pairs"] if meta["id"] not in archived]
+    if homeless:  # every pair's terrain is in the archive, where solving it is recorded
+        raise DamagedFile(f"pairs {homeless} have no terrain in its archive")
+
+
 # --- the training loop -----------------------------------------------------------------
 
-def check_config(cfg) -> None:
-    from fiberrl.app import UsageError
+def check_settings(cfg) -> None:
+    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, RULES, "algo.")
     algo = cfg.algo
     if cfg.env.id.split(":")[-1] != ENV_ID:
         raise UsageError(f"algo=poet evolves Bipedal Walker terrains: use env=terrain_walker, not env={cfg.env.name}")
     if algo.mc_low > algo.mc_high:
         raise UsageError(f"algo.mc_low={algo.mc_low} is above algo.mc_high={algo.mc_high}")
-    for name in ("reproduce_every", "transfer_every", "max_active", "population", "eval_episodes", "novelty_k"):
-        if getattr(algo, name) < 1:
-            raise UsageError(f"algo.{name}={getattr(algo, name)} must be at least 1")
+    env = make_terrain_env(None)
+    try:
+        check_noise_size(algo, env)
+    finally:
+        env.close()
+    check_noise_room(algo.noise_size, cfg.seed)
 
 
 def train(cfg, run, on_iteration=None) -> dict:
     """Run POET as ``cfg`` says, writing into ``run`` (a ``fiberrl.run.RunDirectory``).
     ``on_iteration(iteration, pool)`` is called after every iteration."""
+    check_settings(cfg)
+    noise = NoiseTable(cfg.seed, cfg.algo.noise_size)
+    try:
+        return _train(cfg, run, noise, on_iteration)
+    finally:
+        noise.unlink()  # on every way out, a failed resume too: the table is this host's memory
+
+
+def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     from fiberrl.terrain_plot import plot_population, plot_progress
-    check_config(cfg)
     algo = cfg.algo
     env = make_terrain_env(None)
     policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
     obs_shape = env.observation_space.shape
     env.close()
-    noise = NoiseTable(cfg.seed, algo.noise_size)
     scale = encoding_scale(algo)
     rng = np.random.Generator(np.random.PCG64([cfg.seed, 2]))
     first = Pair(0, TerrainEncoding(), new_es(policy.initial_params(rng), algo, noise, rng, obs_shape),
@@ -433,12 +525,12 @@ def train(cfg, run, on_iteration=None) -> dict:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         master = Master(pool, store, algo, rng)
-        checkpoint = run.load_checkpoint()
+        checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, first.es.theta.size,
+                                                                        obs_shape))
         if checkpoint is not None:
             arrays, values = checkpoint
             pairs, archive = unpack(arrays, values, master, algo, noise, obs_shape)
             next_id, start, elapsed = values["next_id"], values["iteration"] + 1, values["time_s"]
-            run.truncate_metrics(after_iteration=values["iteration"])
             run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
         began = time.perf_counter() - elapsed
         summary = dict(iterations=start)
@@ -497,7 +589,6 @@ def train(cfg, run, on_iteration=None) -> dict:
         if pool is not None:
             pool.terminate()
         server.shutdown()
-        noise.unlink()
     summary["pairs"] = [(p.id, p.encoding, p.score) for p in pairs]
     summary["archive"] = [(t.id, t.encoding, t.created, t.solved_at) for t in archive]
     return summary

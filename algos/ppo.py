@@ -37,9 +37,11 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from fiberrl.app import UsageError
 from fiberrl.atari import NotAtari
 from fiberrl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
+from fiberrl.run import DamagedFile, require
+from fiberrl.validation import (ANY, Rule, UsageError, at_least, between, check_fields, finite, layer_sizes,
+                                non_negative, one_of, optional, positive, shown)
 
 log = logging.getLogger("fiberrl")
 
@@ -80,6 +82,39 @@ class Config:
     eval_episodes: int = 5             # episodes per evaluation, on the learner; their mean is eval_reward
     stop_reward: float | None = None   # stop once eval_reward reaches this
     env_timeout: float = 60.0          # seconds an env server may take to step before it is replaced
+
+
+# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
+RULES = {
+    "name": one_of("ppo").because("algo=<name> chooses the algorithm"),
+    "total_timesteps": at_least(1),
+    "learning_rate": positive(),
+    "num_steps": at_least(1).because("steps per env per rollout"),
+    "envs_per_worker": Rule(lambda envs: envs >= 1, "each env server needs at least one env"),
+    "anneal_lr": ANY,
+    "gamma": between(0, 1),
+    "gae_lambda": between(0, 1),
+    "num_minibatches": at_least(1),
+    "update_epochs": at_least(1),
+    "norm_adv": ANY,
+    "clip_coef": positive(),
+    "clip_vloss": ANY,
+    "ent_coef": non_negative(),
+    "vf_coef": positive().because("GAE needs a trained critic"),
+    "max_grad_norm": positive(),
+    "target_kl": optional(positive(), "all update_epochs"),
+    "norm_obs": ANY,
+    "norm_reward": ANY,
+    "obs_clip": positive(),
+    "reward_clip": positive(),
+    "hidden": layer_sizes(),
+    "device": one_of("auto", "cpu", "cuda"),
+    "checkpoint_every": at_least(1),
+    "eval_every": at_least(0).because("0: no evaluation"),
+    "eval_episodes": at_least(0).because("0: no evaluation"),
+    "stop_reward": optional(finite(), "no early stop"),
+    "env_timeout": positive(),
+}
 
 
 # settings that do not change what a run computes, so a resume may change them; unlike ES,
@@ -433,24 +468,41 @@ def env_history(arrays: dict, values: dict) -> list[SlotHistory] | None:
                         arrays.get(f"env/{i}/start")) for i, episode in enumerate(values["env_episodes"])]
 
 
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what torch's Adam keeps per parameter
+
+
+def check_checkpoint(arrays: dict, values: dict, learner: Learner, num_envs: int) -> None:
+    """Raise DamagedFile unless a checkpoint holds all that ``train`` resumes from, for ``learner``
+    and ``num_envs`` envs (one is only made after an update, so Adam has state for every parameter)."""
+    shapes = {f"agent/{k}": tuple(v.shape) for k, v in learner.agent.state_dict().items()}
+    shapes["discounted"] = (num_envs,)
+    optimizer = [f"optim/{i}/{name}" for i in range(len(learner.optimizer.param_groups[0]["params"]))
+                 for name in ADAM_STATE]
+    normalisers = [f"{prefix}/{name}" for prefix, rms in (("obs_rms", learner.obs_rms), ("ret_rms", learner.ret_rms))
+                   if rms is not None for name in ("mean", "var", "count")]
+    require(arrays, values, [*shapes, *optimizer, *normalisers, "torch_rng"],
+            ["rng", "optim_groups", "global_step", "time_s", "best", "env_server_restarts"])
+    wrong = [f"{k} of shape {arrays[k].shape}, not {shape}" for k, shape in shapes.items() if arrays[k].shape != shape]
+    if wrong:
+        raise DamagedFile(f"it holds {', '.join(wrong)}")
+    episodes = values.get("env_episodes")
+    if episodes is not None:
+        require(arrays, values, ["next_obs", *(f"env/{i}/{name}" for i in range(len(episodes))
+                                               for name in ("actions", "life_resets"))], ["env_generations"])
+
+
 # --- training ---------------------------------------------------------------------
 
 def check_settings(cfg) -> None:
+    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, RULES, "algo.")
     algo = cfg.algo
-    problems = [
-        (algo.envs_per_worker < 1, f"algo.envs_per_worker={algo.envs_per_worker}: each env server needs at least "
-                                   f"one env"),
-        (algo.num_steps < 1, f"algo.num_steps={algo.num_steps}: a rollout needs at least one step"),
-        (algo.num_minibatches < 1, f"algo.num_minibatches={algo.num_minibatches}: at least one"),
-        (algo.update_epochs < 1, f"algo.update_epochs={algo.update_epochs}: at least one"),
-        (algo.checkpoint_every < 1, f"algo.checkpoint_every={algo.checkpoint_every}: at least one"),
-        (algo.device not in ("auto", "cpu", "cuda"), f"algo.device={algo.device}: choose auto, cpu or cuda"),
-        (algo.device == "cuda" and not torch.cuda.is_available(), "algo.device=cuda: no CUDA device is available "
-                                                                  "here (algo.device=auto uses one when there is)"),
-    ]
-    for failed, message in problems:
-        if failed:
-            raise UsageError(message)
+    if algo.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("algo.device=cuda: no CUDA device is available here (algo.device=auto uses one when there is)")
+    if algo.stop_reward is not None and not (algo.eval_every and algo.eval_episodes):
+        raise UsageError(f"algo.stop_reward={algo.stop_reward} is compared with the eval reward, which "
+                         f"algo.eval_every={algo.eval_every} and algo.eval_episodes={algo.eval_episodes} never "
+                         f"measure; set both >= 1")
     batch = cfg.workers * algo.envs_per_worker * algo.num_steps
     if batch % algo.num_minibatches:
         raise UsageError(f"a batch of {batch} steps (workers={cfg.workers} x algo.envs_per_worker="
@@ -458,6 +510,7 @@ def check_settings(cfg) -> None:
                          f"algo.num_minibatches={algo.num_minibatches} equal minibatches")
     if algo.total_timesteps < batch:
         raise UsageError(f"algo.total_timesteps={algo.total_timesteps} is less than one batch ({batch} steps)")
+    probe_spaces(env_spec(cfg))
 
 
 def env_spec(cfg) -> EnvSpec:
@@ -470,6 +523,8 @@ def probe_spaces(spec: EnvSpec) -> tuple[gym.Space, gym.Space]:
         env = spec.make()
     except NotAtari as exc:
         raise UsageError(str(exc)) from None
+    except TypeError as exc:  # gymnasium's message names the env and the argument it does not take
+        raise UsageError(f"env.kwargs={shown(spec.kwargs)}: {str(exc).splitlines()[0]}") from None
     try:
         make_agent(env.observation_space, env.action_space, [1])
     except ValueError as exc:
@@ -506,7 +561,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
 
     start, global_step, elapsed, best, restarts_before = 0, 0, 0.0, -np.inf, 0
     history, generations, saved_obs = None, None, None
-    checkpoint = run.load_checkpoint()
+    checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, learner, num_envs))
     if checkpoint is not None:
         arrays, stored = checkpoint
         learner.restore(arrays, stored)
@@ -515,7 +570,6 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
         history = env_history(arrays, stored)
         if history is not None:
             generations, saved_obs = stored["env_generations"], arrays["next_obs"]
-        run.truncate_metrics(after_iteration=stored["iteration"])
         run.console.print(f"resumed {run.path} after update {stored['iteration']} ({global_step:,} steps)")
 
     # the rollout, as CleanRL keeps it: on the learner's device, (steps, envs, ...)

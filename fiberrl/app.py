@@ -9,9 +9,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .config import algorithm_module
+from .config import APP_RULES, BACKEND_RULES, ENV_RULES, algorithm_module
 from .envs import UnknownEnvironment, check_env_id
-from .run import CheckpointMismatch, RunDirectory
+from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
+from .validation import UsageError, check_fields
 
 # what a local worker process costs, to refuse worker counts the machine cannot hold
 LOCAL_WORKER_BYTES = 80 << 20
@@ -19,10 +20,6 @@ LOCAL_WORKER_BYTES = 80 << 20
 # settings that do not change what a run computes, so a resume may change them
 NOT_IN_FINGERPRINT = {"workers", "backend", "resume", "tensorboard"}
 ALGO_NOT_IN_FINGERPRINT = {"iterations", "checkpoint_every", "stop_reward", "chunksize"}
-
-
-class UsageError(ValueError):
-    """A setting the run cannot start with; reported as one line."""
 
 
 def default_run_dir(resume, algo: str, env: str) -> str:
@@ -76,8 +73,6 @@ def resolved_backend() -> str:
 
 
 def check_workers(cfg) -> None:
-    if cfg.workers < 1:
-        raise UsageError(f"workers={cfg.workers}: a run needs at least one worker")
     if resolved_backend() == "local":
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
         needed = cfg.workers * LOCAL_WORKER_BYTES
@@ -87,14 +82,27 @@ def check_workers(cfg) -> None:
                              f"cluster backend (backend=...)")
 
 
-def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
-    """Start or resume the run ``cfg`` describes in ``run_dir``; returns the algorithm's summary."""
-    configure_backend(cfg.backend)
-    check_workers(cfg)
+def validate(cfg) -> None:
+    """Every setting against the rule its config's table gives it (``fiberrl.validation``),
+    then what the algorithm needs of them together: the first bad one is raised as a
+    UsageError before anything is started or written."""
+    check_fields(cfg, APP_RULES)
+    check_fields(cfg.env, ENV_RULES, "env.")
+    check_fields(cfg.backend, BACKEND_RULES, "backend.")
     check_env_id(cfg.env.id)
-    if cfg.env.atari and not getattr(algorithm_module(cfg.algo.name), "ATARI", False):
+    # the module whose Config typed cfg.algo: algo.name is a setting too, and may be anything
+    algorithm = sys.modules[OmegaConf.get_type(cfg.algo).__module__]
+    if cfg.env.atari and not getattr(algorithm, "ATARI", False):
         raise UsageError(f"env.atari=true: algo={cfg.algo.name} does not apply the Atari preprocessing "
                          f"(algo=ppo does)")
+    algorithm.check_settings(cfg)
+
+
+def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
+    """Start or resume the run ``cfg`` describes in ``run_dir``; returns the algorithm's summary."""
+    validate(cfg)
+    configure_backend(cfg.backend)
+    check_workers(cfg)
     path = Path(run_dir)
     if cfg.resume is None and any((path / "checkpoints").glob("*.npz")):
         raise UsageError(f"{path} already holds a run; pass resume={path} to continue it, or choose another "
@@ -117,6 +125,6 @@ def run_or_exit(cfg, run_dir) -> dict:
     """``run``, with a bad setting reported as one line on stderr and exit status 2."""
     try:
         return run(cfg, run_dir)
-    except (UsageError, UnknownEnvironment, CheckpointMismatch) as exc:
+    except (UsageError, UnknownEnvironment, CheckpointMismatch, NoUsableCheckpoint) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -10,6 +10,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .validation import ANY, Rule, at_least, non_empty, optional
+
 # the repository's configs/ in a checkout or an editable install; a wheel ships it as fiberrl/configs
 _CHECKOUT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CONFIG_DIR = str(_CHECKOUT_CONFIGS if (_CHECKOUT_CONFIGS / "config.yaml").is_file()
@@ -25,11 +27,27 @@ class EnvConfig:
     atari: bool = False                 # the standard Atari preprocessing (fiberrl/atari.py); PPO only
 
 
+# what each field may hold beyond its type (fiberrl.validation), checked before a run starts
+ENV_RULES = {
+    "name": non_empty(),
+    "id": ANY,                          # a registered id: fiberrl.envs.check_env_id names close matches
+    "kwargs": ANY,                      # what the env takes: the algorithm makes it once to see
+    "max_episode_steps": optional(at_least(1), "the id's registered limit"),
+    "atari": ANY,                       # whether the algorithm applies it: fiberrl.app.validate
+}
+
+
 @dataclass
 class BackendConfig:
     name: str = "auto"                  # where workers run: local, docker, kubernetes, slurm; auto: the
                                         # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml, kubernetes in a pod)
     settings: dict[str, Any] = field(default_factory=dict)  # runtime settings: image, volumes, slurm_partition...
+
+
+BACKEND_RULES = {
+    "name": ANY,                        # fiberrl.app.configure_backend lists the backends
+    "settings": ANY,                    # the runtime's configure() checks each one
+}
 
 
 @dataclass
@@ -41,6 +59,16 @@ class AppConfig:
     seed: int = 0
     resume: str | None = None           # a run directory to continue
     tensorboard: bool = True            # also write TensorBoard events
+
+
+# algo, env and backend have tables of their own
+APP_RULES = {
+    "workers": Rule(lambda workers: workers >= 1, "a run needs at least one worker"),
+    # numpy's and torch's seeds are unsigned 64-bit integers
+    "seed": Rule(lambda seed: 0 <= seed < 2**64, "must be an integer in [0, 2**64)"),
+    "resume": ANY,                      # a run directory: fiberrl.app.run looks for its checkpoints/
+    "tensorboard": ANY,
+}
 
 
 def algorithm_module(name: str):

@@ -8,7 +8,10 @@ and best policy, and the progress line printed per iteration.
     <run>/best_policy.npz      the parameters with the best eval reward so far
 
 Files are replaced atomically (written beside, then renamed), so a run killed
-at any moment leaves the last complete checkpoint readable.
+at any moment leaves the last complete checkpoint readable.  What happens to
+files after that (a disk that fills up, a copy cut short) is met on resume: a
+damaged checkpoint is reported and the newest whole one used, a metrics line
+that is not one is reported and dropped.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import math
 import os
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,15 @@ CHECKPOINT = re.compile(r"^(\d{6,})\.npz$")
 
 class CheckpointMismatch(ValueError):
     pass
+
+
+class DamagedFile(ValueError):
+    """A run-directory file that cannot be read, or lacks what it should hold;
+    the message says what is wrong, not which file (the caller knows that)."""
+
+
+class NoUsableCheckpoint(ValueError):
+    """Every checkpoint of a run is damaged; reported as one line."""
 
 
 def atomic_write(path: Path, write) -> None:
@@ -49,10 +62,38 @@ def save_npz(path: Path, arrays: dict, values: dict) -> None:
 
 
 def load_npz(path: Path) -> tuple[dict, dict]:
-    with np.load(path, allow_pickle=False) as data:
-        values = json.loads(bytes(data["__values__"]).decode())
-        arrays = {k: data[k] for k in data.files if k != "__values__"}
+    """(arrays, values) as ``save_npz`` wrote them; raises DamagedFile for a file that does not hold them."""
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise DamagedFile("empty file")
+    if not zipfile.is_zipfile(path):  # np.load would take it for a pickle and say so
+        raise DamagedFile("not a whole npz archive (cut short, or overwritten)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            blob = data["__values__"] if "__values__" in data.files else None
+            arrays = {k: data[k] for k in data.files if k != "__values__"}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # a member's bytes changed (a CRC error)
+        raise DamagedFile(f"unreadable ({first_line(exc)})") from None
+    if blob is None:
+        raise DamagedFile("no __values__ in it (not written by fiberrl)")
+    try:
+        values = json.loads(bytes(blob).decode())
+    except ValueError as exc:
+        raise DamagedFile(f"its __values__ are not JSON ({first_line(exc)})") from None
+    if not isinstance(values, dict):
+        raise DamagedFile("its __values__ are not a JSON object")
     return arrays, values
+
+
+def require(arrays: dict, values: dict, array_names=(), value_names=()) -> None:
+    """Raise DamagedFile naming what of ``array_names`` and ``value_names`` a checkpoint lacks."""
+    missing = [n for n in array_names if n not in arrays] + [n for n in value_names if n not in values]
+    if missing:
+        raise DamagedFile(f"no {', '.join(missing)} in it")
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -100,19 +141,61 @@ class RunDirectory:
             old.unlink()
         return path
 
-    def load_checkpoint(self) -> tuple[dict, dict] | None:
-        """The newest checkpoint, or None for a fresh run; refuses one made with other settings."""
+    def resume(self, check=None) -> tuple[dict, dict] | None:
+        """The checkpoint to go on from (None: start from the beginning), with the metrics
+        logged after it forgotten: a run that crashed logged iterations its checkpoint does not hold."""
+        checkpoint = self.load_checkpoint(check)
+        if checkpoint is None and self.read_metrics():
+            self.note(f"no checkpoint in {self.checkpoints} yet: the run starts again from its first iteration")
+        self.truncate_metrics(after_iteration=-1 if checkpoint is None else checkpoint[1]["iteration"])
+        return checkpoint
+
+    def load_checkpoint(self, check=None) -> tuple[dict, dict] | None:
+        """The newest checkpoint that is whole, or None for a fresh run; refuses one made with other
+        settings.  ``check(arrays, values)`` raises DamagedFile (or KeyError, ValueError, TypeError)
+        where a checkpoint lacks what resuming reads.  A damaged one is reported and the one before
+        tried; if none is whole, raises NoUsableCheckpoint."""
         paths = self.checkpoint_paths()
-        if not paths:
-            return None
-        arrays, values = load_npz(paths[-1])
-        theirs, ours = flatten(values.get("fingerprint", {})), flatten(self.fingerprint)
+        damaged = []
+        for path in reversed(paths):
+            try:
+                arrays, values = self._read_checkpoint(path, check)
+            except DamagedFile as exc:
+                self.note(f"the checkpoint {path} is damaged: {exc}")
+                damaged.append(f"{path.name}: {exc}")
+                continue
+            if damaged:
+                self.note(f"resuming from {path}, the newest checkpoint that is whole")
+            return arrays, values
+        if damaged:
+            raise NoUsableCheckpoint(f"none of the {len(damaged)} checkpoints in {self.checkpoints} can be read "
+                                     f"({'; '.join(damaged)}); start the run again in another hydra.run.dir")
+        return None
+
+    def _read_checkpoint(self, path: Path, check) -> tuple[dict, dict]:
+        arrays, values = load_npz(path)
+        require(arrays, values, value_names=("fingerprint", "iteration"))
+        if not isinstance(values["iteration"], int):
+            raise DamagedFile(f"its iteration is {values['iteration']!r}, not a number")
+        self._check_fingerprint(path, values["fingerprint"])
+        if check is not None:
+            try:
+                check(arrays, values)
+            except DamagedFile:
+                raise
+            except KeyError as exc:
+                raise DamagedFile(f"no {exc.args[0] if exc.args else exc} in it") from None
+            except (ValueError, TypeError) as exc:
+                raise DamagedFile(first_line(exc)) from None
+        return arrays, values
+
+    def _check_fingerprint(self, path: Path, fingerprint) -> None:
+        theirs, ours = flatten(fingerprint if isinstance(fingerprint, dict) else {}), flatten(self.fingerprint)
         if theirs != ours:
             diff = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
                     if theirs.get(k) != ours.get(k)]
-            raise CheckpointMismatch(f"the checkpoint {paths[-1]} was made with other settings ({'; '.join(diff)}); "
+            raise CheckpointMismatch(f"the checkpoint {path} was made with other settings ({'; '.join(diff)}); "
                                      f"resume with the settings in {self.path / 'config.yaml'} or start a new run")
-        return arrays, values
 
     def save_best(self, arrays: dict, values: dict) -> None:
         save_npz(self.path / "best_policy.npz", arrays, values)
@@ -139,20 +222,57 @@ class RunDirectory:
         return self._writer
 
     def read_metrics(self) -> list[dict]:
+        """The rows of metrics.jsonl, leaving out lines that are not one (``truncate_metrics`` reports them)."""
+        return self._parse_metrics()[0]
+
+    def _parse_metrics(self) -> tuple[list[dict], list[str]]:
+        """(the rows, a note on each line that is not one)."""
         if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+            return [], []
+        text = self.metrics_path.read_text(errors="replace")
+        lines = text.split("\n")  # not splitlines(): a garbage byte must not split a line, nor shift the numbers
+        rows, notes = [], []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            row = metrics_row(line)
+            if row is not None:
+                rows.append(row)
+            elif number == len(lines):  # no newline after it: cut short by a kill mid-write
+                notes.append(f"{self.metrics_path}: dropped its partial last line (line {number}), "
+                             f"cut short when the run stopped")
+            else:
+                notes.append(f"{self.metrics_path}: dropped line {number}, which is not a metrics row")
+        return rows, notes
 
     def truncate_metrics(self, after_iteration: int) -> None:
-        """Forget iterations a crashed run logged after its last checkpoint."""
-        kept = [m for m in self.read_metrics() if m["iteration"] <= after_iteration]
-        text = "".join(json.dumps(m) + "\n" for m in kept)
+        """Forget iterations a crashed run logged after its last checkpoint, and lines that are not rows."""
+        if not self.metrics_path.exists():
+            return
+        rows, notes = self._parse_metrics()
+        for note in notes:
+            self.note(note)
+        text = "".join(json.dumps(m) + "\n" for m in rows if m["iteration"] <= after_iteration)
         atomic_write(self.metrics_path, lambda f: f.write(text.encode()))
+
+    def note(self, text: str) -> None:
+        """One line on the run's console, taken as it is (a path may hold brackets, which rich reads as markup)."""
+        self.console.print(text, markup=False)
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def metrics_row(line: str) -> dict | None:
+    """The row a metrics.jsonl line holds, or None for one that holds none."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    iteration = row.get("iteration") if isinstance(row, dict) else None
+    return row if isinstance(iteration, int) and not isinstance(iteration, bool) else None
 
 
 def progress_line(m: dict) -> str:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
 import tomllib
 import typing
 from dataclasses import dataclass, fields
+
+from .backends import BACKENDS
 
 ENV_PREFIX = "FIBERRL_"
 FILE_ENV = "FIBERRL_CONFIG_FILE"
@@ -81,6 +85,25 @@ class RuntimeConfig:
 
 
 _KEYS = {f.name: f for f in fields(RuntimeConfig)}
+
+
+def _seconds(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+_SECONDS = (_seconds, "a finite number of seconds > 0")
+# what a setting may hold beyond its type, checked wherever it comes from: setting -> (test, what is allowed)
+_LIMITS = {
+    "backend": (lambda name: name == "auto" or name in BACKENDS, f"one of auto, {', '.join(BACKENDS)}"),
+    "heartbeat_interval": _SECONDS,
+    "heartbeat_timeout": _SECONDS,
+    "start_timeout": _SECONDS,
+    "schedule_timeout": _SECONDS,
+    # the hub hands it to logging in upper case
+    "log_level": (lambda level: level.upper() in logging.getLevelNamesMapping(),
+                  "a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL"),
+}
+
 _config: RuntimeConfig | None = None
 _code_overrides: dict[str, typing.Any] = {}
 
@@ -114,6 +137,15 @@ def _convert(key: str, value, source: str):
     raise ConfigError(f"{source}: {key}={value!r} is not a valid {kind.__name__}")
 
 
+def _checked(key: str, value, source: str):
+    """``value`` of ``key`` converted to the setting's type, if it is within the setting's limits."""
+    value = _convert(key, value, source)
+    allows, allowed = _LIMITS.get(key, (lambda _: True, ""))
+    if not allows(value):
+        raise ConfigError(f"{source}: {key}={value!r}: must be {allowed}")
+    return value
+
+
 def _check_key(key: str, source: str) -> None:
     if key not in _KEYS:
         known = ", ".join(sorted(_KEYS))
@@ -135,7 +167,7 @@ def _from_file() -> dict:
     out = {}
     for key, value in data.items():
         _check_key(key, path)
-        out[key] = _convert(key, value, path)
+        out[key] = _checked(key, value, path)
     return out
 
 
@@ -146,7 +178,7 @@ def _from_env() -> dict:
             continue
         key = name[len(ENV_PREFIX):].lower()
         _check_key(key, f"environment variable {name}")
-        out[key] = _convert(key, value, f"environment variable {name}")
+        out[key] = _checked(key, value, f"environment variable {name}")
     return out
 
 
@@ -171,7 +203,7 @@ def configure(**settings) -> RuntimeConfig:
     global _config
     for key, value in settings.items():
         _check_key(key, "configure()")
-        _code_overrides[key] = _convert(key, value, "configure()")
+        _code_overrides[key] = _checked(key, value, "configure()")
     _config = None
     return get_config()
 

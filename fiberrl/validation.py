@@ -1,0 +1,113 @@
+"""What a setting may hold, said once per field in a table beside each config
+dataclass (``RULES`` in ``algos/*.py``, ``APP_RULES``... in ``fiberrl/config.py``)
+and checked by ``fiberrl.app.validate`` before a run starts anything::
+
+    RULES = {"population": at_least(1), "sigma": positive(), "policy": one_of("mlp", "torch_mlp"), ...}
+    check_fields(cfg.algo, RULES, "algo.")
+
+A value its rule refuses is reported in one line that names the key as the
+user writes it, the value, and what is allowed::
+
+    algo.sigma=-1.0: must be a finite number > 0
+
+Hydra has already checked each value's type against the schema, so a rule
+says only what the type cannot.  This module imports nothing of the app, so
+every algorithm module may use it without Hydra's import cost in its workers.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class UsageError(ValueError):
+    """A setting the run cannot start with; reported as one line."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    allows: Callable[[Any], bool]
+    requirement: str  # what is allowed, the end of the line "key=value: <requirement>"
+
+    def because(self, reason: str) -> Rule:
+        return Rule(self.allows, f"{self.requirement} ({reason})")
+
+
+# for a field whose type is all there is to check, or that a check of its own sees to (the comment says which)
+ANY = Rule(lambda value: True, "anything")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def at_least(low: int) -> Rule:
+    return Rule(lambda value: _integer(value) and value >= low, f"must be an integer >= {low}")
+
+
+def positive() -> Rule:
+    return Rule(lambda value: _number(value) and value > 0, "must be a finite number > 0")
+
+
+def non_negative() -> Rule:
+    return Rule(lambda value: _number(value) and value >= 0, "must be a finite number >= 0")
+
+
+def finite() -> Rule:
+    return Rule(_number, "must be a finite number")
+
+
+def between(low: float, high: float, include_high: bool = True) -> Rule:
+    """A number from ``low`` to ``high``; ``include_high=False`` leaves ``high`` out."""
+    def allows(value) -> bool:
+        return _number(value) and low <= value and (value <= high if include_high else value < high)
+    return Rule(allows, f"must be a number in [{low}, {high}{']' if include_high else ')'}")
+
+
+def one_of(*choices: str) -> Rule:
+    listed = choices[0] if len(choices) == 1 else f"one of {', '.join(choices)}"
+    return Rule(lambda value: value in choices, f"must be {listed}")
+
+
+def layer_sizes() -> Rule:
+    def allows(value) -> bool:
+        return (isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+                and all(_integer(width) and width > 0 for width in value))
+    return Rule(allows, "must be a non-empty list of positive layer widths, e.g. [64,64]")
+
+
+def non_empty() -> Rule:
+    return Rule(lambda value: isinstance(value, str) and value.strip() != "", "must be a non-empty string")
+
+
+def optional(rule: Rule, none_means: str) -> Rule:
+    """``rule``, or null, which means ``none_means``."""
+    return Rule(lambda value: value is None or rule.allows(value), f"{rule.requirement}, or null for {none_means}")
+
+
+def check_fields(section: Mapping, rules: Mapping[str, Rule], prefix: str = "") -> None:
+    """Raise UsageError for the first field of ``section`` that its rule refuses;
+    ``prefix`` makes the field's key the one the user writes (``algo.``)."""
+    for key, rule in rules.items():
+        value = section[key]
+        if not rule.allows(value):
+            raise UsageError(f"{prefix}{key}={shown(value)}: {rule.requirement}")
+
+
+def shown(value) -> str:
+    """``value`` as a command line writes it: true, null, [64, 64]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key}: {shown(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return "[" + ", ".join(shown(item) for item in value) + "]"
+    return str(value)
