@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 REPOSITORY = "fiberrl-test-runtime"
@@ -224,15 +225,29 @@ def image() -> str:
     tag = hashlib.sha256(data).hexdigest()[:16]
     client.import_image_from_data(data, repository=REPOSITORY, tag=tag,
                                   changes=[f"LABEL {INPUTS_LABEL}={key}"])
-    # made from what this machine no longer has; an earlier import of the same tag is untagged
-    # by this one, so it is found by its label, not its name
+    remove_superseded(client, key, f"{REPOSITORY}:{tag}")
+    return f"{REPOSITORY}:{tag}"
+
+
+STALE_AFTER_S = 24 * 3600
+
+
+def remove_superseded(client, key: str, keep: str) -> None:
+    """Remove the test images this one replaces: those made from the same inputs
+    (an earlier import of the same tag is untagged by this one, so they are found
+    by label, not name), and those of other inputs older than a day.  A fresh
+    image of other inputs belongs to another test run on this daemon (another
+    checkout or virtual environment), which may be using it now: it stays."""
+    now = time.time()
     for old in client.images(filters={"label": INPUTS_LABEL}):
-        if f"{REPOSITORY}:{tag}" not in (old.get("RepoTags") or []):
+        if keep in (old.get("RepoTags") or []):
+            continue
+        same_inputs = (old.get("Labels") or {}).get(INPUTS_LABEL) == key
+        if same_inputs or now - old.get("Created", now) > STALE_AFTER_S:
             try:
                 client.remove_image(old["Id"])
             except Exception:  # in use: stays
                 pass
-    return f"{REPOSITORY}:{tag}"
 
 
 def volumes() -> str:

@@ -329,3 +329,38 @@ def test_pool_map(docker_config):
     finally:
         pool.close()
         pool.join()
+
+
+def _labelled_image(api, inputs: str, tag: str) -> str:
+    """A one-file image carrying the test image's label, as another run's would."""
+    import io
+    import tarfile
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("marker")
+        info.size = len(tag)
+        tar.addfile(info, io.BytesIO(tag.encode()))
+    name = f"{docker_backend.REPOSITORY}-probe:{tag}"
+    api.import_image_from_data(data.getvalue(), repository=name.split(":")[0], tag=tag,
+                               changes=[f"LABEL {docker_backend.INPUTS_LABEL}={inputs}"])
+    return name
+
+
+def test_a_test_run_removes_only_the_images_it_replaces(api):
+    """Two test runs on one daemon (two checkouts) must not remove each other's image mid-run."""
+    ours = f"ours-{uuid.uuid4().hex[:8]}"
+    superseded = _labelled_image(api, ours, "old")
+    another_runs = _labelled_image(api, f"theirs-{uuid.uuid4().hex[:8]}", "fresh")
+    kept = _labelled_image(api, ours, "new")
+    try:
+        docker_backend.remove_superseded(api, ours, kept)
+        present = {tag for image in api.images(filters={"label": docker_backend.INPUTS_LABEL})
+                   for tag in image.get("RepoTags") or []}
+        assert kept in present and another_runs in present
+        assert superseded not in present
+    finally:
+        for name in (superseded, another_runs, kept):
+            try:
+                api.remove_image(name)
+            except Exception:
+                pass

@@ -133,7 +133,7 @@ RUNTIME = [(f"+backend.settings.{key}={value}", key) for key, value in [
     ("heartbeat_interval", "0"),
     ("heartbeat_timeout", "-1"),
     ("start_timeout", "nan"),
-    ("schedule_timeout", "0"),
+    ("schedule_timeout", "-1"),
     ("log_level", "verbose"),
 ]]
 # small enough that a run the checks wrongly let through ends at once

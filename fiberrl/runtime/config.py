@@ -92,13 +92,15 @@ def _seconds(value: float) -> bool:
 
 
 _SECONDS = (_seconds, "a finite number of seconds > 0")
+# 0: a job not running at once is given up on (what the backends' tests set)
+_SECONDS_OR_NONE = (lambda value: math.isfinite(value) and value >= 0, "a finite number of seconds >= 0")
 # what a setting may hold beyond its type, checked wherever it comes from: setting -> (test, what is allowed)
 _LIMITS = {
     "backend": (lambda name: name == "auto" or name in BACKENDS, f"one of auto, {', '.join(BACKENDS)}"),
     "heartbeat_interval": _SECONDS,
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,
-    "schedule_timeout": _SECONDS,
+    "schedule_timeout": _SECONDS_OR_NONE,
     # the hub hands it to logging in upper case
     "log_level": (lambda level: level.upper() in logging.getLevelNamesMapping(),
                   "a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL"),
