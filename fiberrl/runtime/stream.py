@@ -155,7 +155,9 @@ class Stream:
         try:
             with self._send_lock:
                 tag = self._signer.sign(views)
-                self._write([_LENGTH.pack(size + auth.MAC_BYTES), *views, tag])
+                head = _LENGTH.pack(size + auth.MAC_BYTES)
+                # a small frame in one buffer: parts sent apart may leave as segments of their own
+                self._write([head + b"".join(views) + tag] if size <= SMALL_FRAME else [head, *views, tag])
         except OSError as exc:
             raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
 
