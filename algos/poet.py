@@ -31,11 +31,12 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 import fiberrl.runtime as mp
+from algos.es import RULES as ES_RULES
 from algos.es import ES, ParamServer, check_noise_room, check_noise_size, check_state
 from fiberrl.noise import NoiseTable
-from fiberrl.policies import POLICIES, make_policy, run_episode
+from fiberrl.policies import make_policy, run_episode
 from fiberrl.run import DamagedFile, require
-from fiberrl.validation import (ANY, UsageError, at_least, between, check_fields, finite, layer_sizes, non_negative,
+from fiberrl.validation import (ANY, UsageError, at_least, check_fields, finite, non_negative,
                                 one_of, optional, positive)
 from fiberrl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
 
@@ -90,19 +91,11 @@ ENCODING_BOUND = positive().because("the encoding's bound and its unit of novelt
 
 # what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
 RULES = {
+    # the settings of each pair's ES, as ES has them
+    **{key: ES_RULES[key] for key in ("iterations", "population", "sigma", "learning_rate", "adam_beta1",
+                                      "adam_beta2", "weight_decay", "obstat_prob", "obs_clip", "policy", "hidden",
+                                      "noise_size")},
     "name": one_of("poet").because("algo=<name> chooses the algorithm"),
-    "iterations": at_least(1),
-    "population": at_least(1),
-    "sigma": positive(),
-    "learning_rate": positive(),
-    "adam_beta1": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
-    "adam_beta2": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
-    "weight_decay": non_negative(),
-    "obstat_prob": between(0, 1),
-    "obs_clip": positive(),
-    "policy": one_of(*POLICIES),
-    "hidden": layer_sizes(),
-    "noise_size": at_least(1),
     "episode_steps": optional(at_least(1), "the terrain env's own limit"),
     "eval_episodes": at_least(1).because("an agent's score on a terrain is their mean"),
     "reproduce_every": at_least(1),

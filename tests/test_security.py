@@ -4,7 +4,6 @@ import os
 import socket
 import time
 
-import pynng
 import pytest
 
 import fiberrl.runtime as mp
@@ -43,43 +42,33 @@ class Evil:
         return (os.system, (f"touch {self.path}",))
 
 
+def framed(body: bytes) -> bytes:
+    return len(body).to_bytes(8, "little") + body
+
+
 def attack(port: int, payload: bytes, queue_ids) -> None:
     """Everything a local client without the secret might try on one port,
     even knowing the ids of the queues it wants to poison."""
-    # 1. raw bytes, no nng protocol at all
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(payload)
-            time.sleep(0.05)
-    except ConnectionRefusedError:
-        return  # that process is gone (which the test notices later)
-    body = bytes((transport.HELLO + 20,)) + bytes(16) + payload
-    # 2. speaking nng's request protocol, with the pickle as the request
-    # 3. starting the handshake, then forging its proof, then sending the pickle
-    # 4. putting the pickle into real queues (op 10) without any handshake
-    puts = [bytes((10,)) + qid + bytes(8) + payload for qid in queue_ids]
-    for messages in ([payload, body],
-                     [bytes((transport.HELLO,)) + os.urandom(32), bytes((transport.PROOF,)) + os.urandom(32), *puts],
-                     puts):
-        with pynng.Req0(send_timeout=500, recv_timeout=500) as req:
-            try:
-                req.dial(f"tcp://127.0.0.1:{port}", block=True)
-            except pynng.NNGException:
-                continue
-            for m in messages:
-                try:
-                    req.send(m)
-                    req.recv()
-                except pynng.NNGException:
-                    break
-    # 5. another nng protocol altogether
-    for sock_type in (pynng.Push0, pynng.Pair0, pynng.Pair1):
-        with sock_type(send_timeout=300) as s:
-            try:
-                s.dial(f"tcp://127.0.0.1:{port}", block=True)
-                s.send(payload)
-            except pynng.NNGException:
-                pass
+    # a queue put as a client of the run frames it: op, call id, token, queue id, then the pickle
+    puts = [framed(bytes((10,)) + (1).to_bytes(8, "little") + bytes(8) + qid + bytes(8) + payload)
+            for qid in queue_ids]
+    attempts = [
+        payload,  # 1. raw bytes, no protocol at all
+        framed(payload),  # 2. the pickle as a frame
+        b"".join(puts),  # 3. putting the pickle into real queues without any handshake
+        # 4. starting the handshake, then forging its proof, then the puts
+        framed(os.urandom(32)) + framed(os.urandom(32)) + b"".join(puts),
+        (2 << 30).to_bytes(8, "little") + payload,  # 5. a frame said to be 2 GiB long
+    ]
+    for attempt in attempts:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(attempt)
+                time.sleep(0.05)
+        except ConnectionRefusedError:
+            return  # that process is gone (which the test notices later)
+        except OSError:
+            continue  # hung up on mid-send
 
 
 def host_queue_in_child(ready, out):
@@ -157,22 +146,27 @@ def test_secret_reaches_children_through_environment_only():
     assert secret_hex.encode() not in cmdline
 
 
-def test_a_lost_connection_is_never_redialled_unauthenticated():
-    """When its connection drops, a client is done: nng must not dial a fresh,
-    unauthenticated pipe and send requests down it."""
-    pipes, served = [], []
-    server = transport.Server("127.0.0.1", lambda request: (served.append(request.op), request.reply(transport.OK)))
-    server._sock.add_post_pipe_connect_cb(lambda pipe: pipes.append(pipe))
+def test_a_lost_connection_stays_lost():
+    """When its connection drops, a client is done: requests raise PeerGone,
+    and only a new client, which passes the handshake again, reaches the server."""
+    streams, served = [], []
+
+    def handle(request):
+        served.append(request.op)
+        streams.append(request._stream)
+        request.reply(transport.OK)
+
+    server = transport.Server("127.0.0.1", handle)
     client = transport.Client(server.address, connect_timeout=5)
     try:
-        assert client.request(transport.OK)[0] == transport.OK
-        assert len(pipes) == 1
-        pipes[0].close()  # the server drops it, as it does a connection that misbehaves
-        assert client.wait_lost(5)
+        assert client.request(7, timeout=5)[0] == transport.OK
+        streams[0].close()  # the server drops it, as it does a connection that misbehaves
         with pytest.raises(mp.PeerGone):
-            client.request(transport.OK, timeout=2)
-        time.sleep(1.5)  # nng's default would have redialled after 1 s
-        assert len(pipes) == 1
+            client.request(7, timeout=5)
+        assert not client.alive and served == [7]
+        again = transport.Client(server.address, connect_timeout=5)
+        assert again.request(7, timeout=5)[0] == transport.OK
+        again.close()
     finally:
         client.close()
         server.close()
@@ -184,21 +178,19 @@ def rss_bytes(pid: int) -> int:
 
 
 def test_a_peer_without_the_secret_cannot_make_the_hub_allocate(tmp_path):
-    """nng reads a message whole before the hub sees it: one that says it is 2 GiB
-    long is cut off at its length word, before 256 MiB of it can be held."""
+    """A frame that says it is 2 GiB long is cut off at its length word: the
+    listener holds 40 bytes of a peer that has not proved itself."""
     import struct
 
     ready, out = mp.Queue(), mp.Queue()
     child = mp.Process(target=host_queue_in_child, args=(ready, out))
     child.start()
     _, child_pid, childs_queue = ready.get(timeout=30)
-    host, _, port = childs_queue._ref.address.removeprefix("tcp://").rpartition(":")
+    host, _, port = childs_queue._ref.address.rpartition(":")
     before = rss_bytes(child_pid)
     sent = 0
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"\0SP\0" + struct.pack(">H", 48) + b"\0\0")  # nng's header, as a Req0 peer
-        s.recv(8)
-        s.sendall(struct.pack(">Q", 2 << 30))
+        s.sendall(struct.pack("<Q", 2 << 30))
         chunk = bytes(1 << 20)
         try:
             while sent < 256 << 20:
@@ -216,10 +208,34 @@ def test_a_peer_without_the_secret_cannot_make_the_hub_allocate(tmp_path):
     assert child.exitcode == 0
 
 
-def test_an_item_larger_than_a_queue_carries_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setattr(transport, "MAX_MESSAGE", 1 << 20)
-    q = mp.Queue()
-    with pytest.raises(transport.MessageTooLarge, match="more than a queue or pipe carries"):
-        q.put(bytes(2 << 20))
-    q.put("small")
-    assert q.get(timeout=10) == "small"
+def test_an_item_larger_than_a_queue_carries_is_refused_in_one_line():
+    from fiberrl.runtime import config
+    mp.configure(max_message_size=1 << 20)
+    try:
+        q = mp.Queue()
+        with pytest.raises(transport.MessageTooLarge, match="more than a queue or pipe carries"):
+            q.put(bytes(2 << 20))
+        q.put("small")
+        assert q.get(timeout=10) == "small"
+    finally:
+        config.reset()
+
+
+def send_raw_frame(stream_, size: int) -> None:
+    """What a client of the run that ignores max_message_size would send."""
+    stream_.send([bytes((10,)) + (1).to_bytes(8, "little") + bytes(8) + bytes(16) + bytes(size)])
+
+
+def test_a_peer_that_sends_past_max_message_size_is_hung_up_on(caplog):
+    from fiberrl.runtime import config
+    mp.configure(max_message_size=1 << 20)
+    try:
+        server = transport.Server("127.0.0.1", lambda request: request.reply(transport.OK))
+        client = transport.Client(server.address, connect_timeout=5)
+        send_raw_frame(client._conn.stream, 2 << 20)
+        with pytest.raises(mp.PeerGone):
+            client.request(7, timeout=10)
+        client.close()
+        server.close()
+    finally:
+        config.reset()

@@ -1,12 +1,11 @@
 """The run's secret and the mutual HMAC challenge every connection passes
 before any byte it carries is unpickled.
 
-Handshake, once per connection (nng pipe or stream):
+Handshake, once per stream (:mod:`fiberrl.runtime.stream`):
 
     client -> server   HELLO  client_nonce
     server -> client   CHALLENGE  server_nonce, HMAC(secret, "server" | cn | sn | channel)
     client -> server   PROOF  HMAC(secret, "client" | sn | cn | channel)
-    server -> client   OK                                  (nng only)
 
 Each side proves it knows the secret over fresh nonces of the other side,
 so a recorded exchange cannot be replayed.  ``channel`` names the

@@ -53,6 +53,10 @@ class RuntimeConfig:
     runtime (several times faster); false: a fresh interpreter per job."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
+    max_message_size: int = 1 << 30
+    """The largest item (pickled) a queue or pipe carries between processes;
+    a larger one is refused at ``put``/``send``, and a peer that sends one is
+    hung up on."""
     log_level: str = "WARNING"
     """Level of the ``fiberrl`` logger."""
     schedule_timeout: float = 600.0
@@ -101,6 +105,7 @@ _LIMITS = {
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,
     "schedule_timeout": _SECONDS_OR_NONE,
+    "max_message_size": (lambda size: size >= 1, "a number of bytes >= 1"),
     # the hub hands it to logging in upper case
     "log_level": (lambda level: level.upper() in logging.getLevelNamesMapping(),
                   "a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL"),

@@ -26,7 +26,7 @@ log = logging.getLogger("fiberrl")
 
 # a job's requests over its link
 PING, LAUNCH, REPORT, OUTPUT = 3, 4, 5, 6
-# requests to hosted objects (1 and 2 belong to the transport's handshake)
+# requests to hosted objects
 Q_PUT, Q_GET, Q_SIZE, Q_CLOSE = 10, 11, 12, 13
 
 
@@ -216,7 +216,7 @@ def get_hub() -> Hub:
     with _hub_lock:
         if _hub is None or _hub.pid != os.getpid():
             raise_open_files_limit()
-            # a forked child cannot use its parent's nng state: start afresh
+            # a forked child cannot use its parent's listeners and threads: start afresh
             _hub = Hub()
             atexit.register(shutdown_hub)
         return _hub

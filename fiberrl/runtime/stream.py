@@ -1,13 +1,12 @@
-"""Authenticated framed TCP streams, for the calls that sit on a hot path
-(a learner stepping remote environments).
+"""Authenticated framed streams: every connection of the runtime (a pool's
+workers, managers, queues and pipes, a job's link to its parent).
 
-nng hands each message through its own I/O and task threads before the
-Python thread waiting for it wakes; measured here that costs a request
-~245 us round trip against ~18 us for a plain socket read by the waiting
-thread itself.  A stream is that plain socket: frames of
-``length (8 bytes) | body`` after the same mutual HMAC challenge as every
-nng connection (:mod:`fiberrl.runtime.auth`), so nothing is read from a peer
-that has not proved it holds the run's secret.
+A stream is a plain socket read by the thread that waits for it: frames of
+``length (8 bytes) | body`` after a mutual HMAC challenge
+(:mod:`fiberrl.runtime.auth`), so nothing is read from a peer that has not
+proved it holds the run's secret.  (nng, which carried queues and pipes
+before, hands each message through its own I/O and task threads before the
+waiting thread wakes: a request ~245 us round trip against ~18 us here.)
 
 On Linux a listener also binds an abstract Unix socket whose name only the
 run can compute from its TCP address (:func:`auth.local_name`), and
@@ -110,6 +109,8 @@ class Stream:
         self._signer: auth.FrameSigner | None = None
         self._checker: auth.FrameSigner | None = None
         self._close_lock = threading.Lock()
+        # the largest frame taken from the peer when a read names no limit
+        self.max_frame = MAX_FRAME
         if peer is not None:
             self.peer = peer
             return
@@ -193,14 +194,16 @@ class Stream:
             if sent:
                 parts[0] = parts[0][sent:]
 
-    def recv(self, limit: int = MAX_FRAME) -> bytearray:
-        """The next frame's body, in a fresh writable buffer; StreamClosed if it exceeds ``limit``."""
-        return self._next_frame(limit, wait=True)
+    def recv(self, limit: int | None = None) -> bytearray:
+        """The next frame's body, in a fresh writable buffer; PeerMisbehaved if it
+        exceeds ``limit`` (by default ``max_frame``)."""
+        return self._next_frame(self.max_frame if limit is None else limit, wait=True)
 
-    def recv_ready(self, limit: int = MAX_FRAME, most: int = 64) -> list[bytearray]:
+    def recv_ready(self, limit: int | None = None, most: int = 64) -> list[bytearray]:
         """The frames that have arrived (up to ``most``), read without blocking: for a poller."""
         frames = []
         self._drained = False
+        limit = self.max_frame if limit is None else limit
         while len(frames) < most:
             frame = self._next_frame(limit, wait=False)
             if frame is None:

@@ -29,6 +29,8 @@ log = logging.getLogger("fiberrl")
 # how long after a caller stopped reading the background thread waits before
 # taking over: a caller that comes straight back (the next get of a wave)
 # finds the streams still its own
+# frames read from one stream at a time, before the pump looks at the others
+BATCH = 64
 TAKEOVER_GRACE = 0.001
 # how often a guest reader (see StreamPump.wait) looks whether another thread completed its result
 GUEST_SLICE = 0.01
@@ -103,14 +105,17 @@ class StreamPump:
     def add(self, stream: Stream, key) -> None:
         # what arrived with the handshake may already sit in the stream's buffer, where
         # epoll cannot see it: handle it here, before any poller may read the stream
-        try:
-            frames = stream.recv_ready()
-        except StreamClosed:
-            stream.close()
-            self._on_closed(stream, key)
-            return
-        if frames:
-            self._on_frames(stream, key, frames)
+        while True:
+            try:
+                frames = stream.recv_ready(most=BATCH)
+            except StreamClosed:
+                stream.close()
+                self._on_closed(stream, key)
+                return
+            if frames:
+                self._on_frames(stream, key, frames)
+            if len(frames) < BATCH:
+                break
         fd = stream.fileno()
         with self._lock:
             if self._closed:
@@ -206,11 +211,17 @@ class StreamPump:
             if entry is None:
                 continue
             stream, key = entry
+            if self._serve_ready(fd, stream, key):
+                self._rearm(fd)
+
+    def _serve_ready(self, fd: int, stream: Stream, key) -> bool:
+        """Handle every frame that has arrived on ``stream``; False if it closed."""
+        while True:
             try:
-                frames = stream.recv_ready()
+                frames = stream.recv_ready(most=BATCH)
             except StreamClosed:
                 self._drop(fd, stream, key)
-                continue
+                return False
             if frames:
                 handling = self._handling.__dict__.setdefault("fds", [])
                 handling.append(fd)
@@ -220,7 +231,10 @@ class StreamPump:
                     log.exception("handling a message from %s failed", stream.peer)
                 finally:
                     handling.pop()
-            self._rearm(fd)
+            if len(frames) < BATCH:
+                # the rest, if any, is still in the kernel, where the poller sees it; a full batch
+                # may have left frames in the stream's own buffer, which it does not
+                return True
 
     def _rearm(self, fd: int) -> None:
         try:

@@ -1,5 +1,4 @@
-"""Serialisation of Python objects into nng messages, and the raw nng calls
-pynng does not expose (context timeouts, message headers).
+"""Serialisation of Python objects into the frames of streams.
 
 Objects are pickled at protocol 5 (cloudpickle where plain pickle would
 refer to ``__main__`` or cannot pickle them); buffers that support
@@ -24,8 +23,6 @@ import sys
 import threading
 
 import cloudpickle
-from pynng import ffi, lib
-from pynng.exceptions import check_err
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
@@ -159,93 +156,3 @@ def split(data) -> list:
         out.append(view[offset:offset + n])
         offset += n
     return out
-
-
-# --- nng messages -----------------------------------------------------------
-
-def new_msg(parts, header: bytes = b""):
-    """Allocate an nng message holding ``parts`` back to back (one copy)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    total = sum(v.nbytes for v in views)
-    msg_p = ffi.new("nng_msg **")
-    check_err(lib.nng_msg_alloc(msg_p, total))
-    msg = msg_p[0]
-    body = ffi.cast("char *", lib.nng_msg_body(msg))
-    offset = 0
-    for v in views:
-        if v.nbytes:
-            ffi.memmove(body + offset, ffi.from_buffer(v), v.nbytes)
-            offset += v.nbytes
-    if header:
-        check_err(lib.nng_msg_header_append(msg, header, len(header)))
-    return msg
-
-
-def msg_body(msg) -> bytearray:
-    """Copy a received message's body into a writable buffer and free it."""
-    try:
-        size = lib.nng_msg_len(msg)
-        return bytearray(ffi.buffer(lib.nng_msg_body(msg), size))
-    finally:
-        lib.nng_msg_free(msg)
-
-
-def msg_header(msg) -> bytes:
-    return bytes(ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg)))
-
-
-def sock_send(sock, msg) -> None:
-    """Send on a socket, freeing ``msg`` on failure."""
-    rv = lib.nng_sendmsg(sock, msg, 0)
-    if rv != 0:
-        lib.nng_msg_free(msg)
-        check_err(rv)
-
-
-def sock_recv(sock):
-    msg_p = ffi.new("nng_msg **")
-    check_err(lib.nng_recvmsg(sock, msg_p, 0))
-    return msg_p[0]
-
-
-class Context:
-    """One outstanding request on a Req0 socket, with a receive timeout."""
-
-    def __init__(self, sock):
-        ctx_p = ffi.new("nng_ctx *")
-        check_err(lib.nng_ctx_open(ctx_p, sock))
-        self._ctx = ctx_p[0]
-        aio_p = ffi.new("nng_aio **")
-        check_err(lib.nng_aio_alloc(aio_p, ffi.NULL, ffi.NULL))
-        self._aio = aio_p[0]
-
-    def send(self, msg) -> None:
-        lib.nng_aio_set_timeout(self._aio, -2)  # NNG_DURATION_DEFAULT
-        lib.nng_aio_set_msg(self._aio, msg)
-        lib.nng_ctx_send(self._ctx, self._aio)
-        lib.nng_aio_wait(self._aio)
-        rv = lib.nng_aio_result(self._aio)
-        if rv != 0:
-            lib.nng_msg_free(msg)
-            check_err(rv)
-
-    def start_recv(self, timeout_ms: int = -1) -> None:
-        """Begin waiting for the reply without blocking; ``timeout_ms < 0`` waits forever."""
-        lib.nng_aio_set_timeout(self._aio, timeout_ms if timeout_ms >= 0 else -1)
-        lib.nng_ctx_recv(self._ctx, self._aio)
-
-    def done(self) -> bool:
-        return not lib.nng_aio_busy(self._aio)
-
-    def finish(self):
-        """Wait for the reply begun by :meth:`start_recv` and return it."""
-        lib.nng_aio_wait(self._aio)
-        check_err(lib.nng_aio_result(self._aio))
-        return lib.nng_aio_get_msg(self._aio)
-
-    def cancel(self) -> None:
-        lib.nng_aio_cancel(self._aio)
-
-    def close(self) -> None:
-        lib.nng_aio_free(self._aio)
-        lib.nng_ctx_close(self._ctx)

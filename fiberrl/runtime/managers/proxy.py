@@ -7,17 +7,16 @@ from every method call at once; ``handle.get()`` waits for the result.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import threading
-import time
 import weakref
 from collections import deque
 
 from .. import wire
 from ..pool.results import with_remote_traceback
-from ..stream import StreamClosed, connect
-from .server import CALL_ID, GETVALUE, HEAD, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
+from ..calls import Connection
+from ..stream import StreamClosed
+from .server import GETVALUE, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
 
 
 class ManagerError(ConnectionError):
@@ -27,75 +26,6 @@ class ManagerError(ConnectionError):
     def __init__(self, message: str, reason: str | None = None):
         super().__init__(message)
         self.reason = reason or message
-
-
-class Connection:
-    """A thread's stream to one manager.
-
-    Calls are sent at once; replies carry their call's id.  Whichever thread
-    is waiting (a handle may be collected on another thread) reads the stream
-    itself, with no reader thread to hop through, and files replies meant for
-    others where they will find them.
-    """
-
-    def __init__(self, address: str):
-        self.stream = connect(address)
-        self._ids = itertools.count(1)
-        self._replies: dict[int, bytearray] = {}
-        self._cond = threading.Condition()
-        self._reading = False  # a thread is reading the stream
-        self._waiting = 0  # threads waiting for the reader to file their reply
-        self.error: BaseException | None = None
-
-    def call(self, op: int, token: int, parts=(), reply: bool = True) -> int:
-        call_id = next(self._ids) if reply else 0
-        self.stream.send([HEAD.pack(op, call_id, token), *parts])
-        return call_id
-
-    def reply(self, call_id: int, timeout: float | None = None) -> memoryview:
-        """The reply to ``call_id``; TimeoutError if it has not come within ``timeout`` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._cond:
-                while True:
-                    frame = self._replies.pop(call_id, None)
-                    if frame is not None:
-                        return memoryview(frame)[CALL_ID.size:]
-                    if self.error is not None:
-                        raise self.error
-                    if not self._reading:
-                        break
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise TimeoutError
-                    self._waiting += 1
-                    try:
-                        self._cond.wait(left)
-                    finally:
-                        self._waiting -= 1
-                self._reading = True
-            frame, answers = None, None
-            try:
-                frame = self._read_one(deadline)
-                answers = CALL_ID.unpack_from(frame)[0]
-            finally:
-                with self._cond:
-                    self._reading = False
-                    if answers is not None and answers != call_id:
-                        self._replies[answers] = frame  # another thread's: filed for it
-                    if self._waiting:
-                        self._cond.notify_all()
-            if answers == call_id:
-                return memoryview(frame)[CALL_ID.size:]
-
-    def _read_one(self, deadline) -> bytearray:
-        if deadline is not None and not self.stream.readable(max(0.0, deadline - time.monotonic())):
-            raise TimeoutError
-        try:
-            return self.stream.recv()
-        except StreamClosed as exc:
-            self.error = exc
-            raise
 
 
 _local = threading.local()

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import struct
 import threading
 import traceback
 
 from .. import wire
 from ..backends import listen_host
+from ..calls import CALL_ID, HEAD
 from ..listener import Listener
 from ..stream import Stream, StreamClosed
 
 M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT = range(1, 7)
 # a call: op, call id (0: no reply wanted), object token; then its pickled arguments
-HEAD = struct.Struct("<BQq")
-CALL_ID = struct.Struct("<Q")  # a reply: the call it answers, then the pickled reply
+# a call: op, call id, token; a reply: the call it answers, then the pickled reply
 GETVALUE = "#getvalue"  # a copy of the object itself
 # reply kinds
 RETURN, RAISE, PROXY = 0, 1, 2
