@@ -350,3 +350,19 @@ def test_a_queue_hubs_connection_through_a_party_on_its_path_loads_nothing(marke
     client.close()
     relay.close()
     assert q.get(timeout=10) == "warm"
+
+
+@linux_only
+def test_a_listener_whose_local_name_is_taken_refuses_and_says_so(monkeypatch, caplog):
+    """Only the run can compute the name, so a holder is something wrong: no quiet
+    fallback to TCP alone, which is what let the old squat work."""
+    name = f"\0fiberrl-test-taken-{os.getpid()}"
+    holder = squat(name)
+    assert holder is not None
+    holder.listen(1)
+    monkeypatch.setattr(auth, "local_name", lambda address, secret=None: name)
+    from fiberrl.runtime.listener import ListenerError
+    with pytest.raises(ListenerError, match="held by another process"):
+        Listener("127.0.0.1", lambda s: None)
+    assert "held by another process" in caplog.text
+    holder.close()
