@@ -58,7 +58,7 @@ class Connection:
                     if frame is not None:
                         return memoryview(frame)[CALL_ID.size:]
                     if self.error is not None:
-                        raise self.error
+                        raise _without_frames(self.error)  # raising the kept one would give it frames
                     if not self._reading:
                         break
                     left = None if deadline is None else deadline - time.monotonic()

@@ -26,11 +26,11 @@ import time
 from .stream import Stream, StreamClosed
 
 log = logging.getLogger("fiberrl")
+# frames read from one stream at a time, before the pump looks at the others
+BATCH = 64
 # how long after a caller stopped reading the background thread waits before
 # taking over: a caller that comes straight back (the next get of a wave)
 # finds the streams still its own
-# frames read from one stream at a time, before the pump looks at the others
-BATCH = 64
 TAKEOVER_GRACE = 0.001
 # how often a guest reader (see StreamPump.wait) looks whether another thread completed its result
 GUEST_SLICE = 0.01
