@@ -355,3 +355,24 @@ def test_a_pool_lifts_a_low_soft_limit_on_open_files(tmp_path, script_env):
     assert out.returncode == 0, out.stderr
     soft, hard = map(int, out.stdout.split())
     assert soft == (1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)) > 256
+
+
+def wait_for_all(barrier):
+    barrier.wait(timeout=60)
+    return os.getpid()
+
+
+def test_no_task_waits_behind_a_blocked_one_while_a_worker_is_free():
+    """Nine tasks that each wait until all nine have started (long-lived tasks that
+    talk to each other) on nine workers: no worker may hold a second task behind
+    its blocked first one while another worker has none, as multiprocessing's Pool
+    never does."""
+    from fiberrl.runtime.synchronize import shutdown_manager
+    barrier = mp.Barrier(9)
+    try:
+        with mp.Pool(9) as pool:
+            pids = pool.map(wait_for_all, [barrier] * 9, chunksize=1)
+            assert pool.statistics().tasks_done == 9
+    finally:
+        shutdown_manager()  # the barrier's: the suite checks each test leaves no process
+    assert len(set(pids)) == 9

@@ -127,6 +127,7 @@ class Scheduler:
         self._by_stream: dict[int, Worker] = {}
         self._idle: dict[Worker, None] = {}  # parked, nothing in flight
         self._busy: dict[Worker, None] = {}  # parked, room for more
+        self._working = 0  # workers with chunks in flight
         self._lost: deque[Worker] = deque()
         self._lazy: list[LazyInput] = []
         self._funcs: dict[int, bytes] = {}
@@ -253,6 +254,8 @@ class Scheduler:
                 chunk = _pop_chunk(worker.inflight, chunk_id)
                 if chunk is None:
                     continue
+                if not worker.inflight:
+                    self._working -= 1
                 worker.tasks_done += chunk.count
                 self._counts["in_flight"] -= chunk.count
                 self._counts["done" if ok else "failed"] += chunk.count
@@ -291,8 +294,15 @@ class Scheduler:
     def _dispatch(self) -> list:
         batches: dict[Worker, list[Chunk]] = {}
         while self._pending and (self._idle or self._busy):
+            if not self._idle and len(self._pending) <= self.target_size - self._working:
+                # the workers that have none (starting, or about to ask) take these: a second chunk
+                # held behind a running one would wait for it, and a task that blocks until the
+                # others start would wait for ever
+                break
             worker = next(iter(self._idle or self._busy))  # idle workers first
             chunk = self._pending.popleft()
+            if not worker.inflight:
+                self._working += 1
             worker.inflight.append(chunk)
             self._counts["in_flight"] += chunk.count
             batches.setdefault(worker, []).append(chunk)
@@ -393,6 +403,8 @@ class Scheduler:
                 worker.parked = None
             self._classify(worker)
             inflight = list(worker.inflight)
+            if inflight:
+                self._working -= 1
             worker.inflight.clear()
             if inflight:
                 suspect = inflight[0]  # chunks run in order: the first was running
