@@ -138,6 +138,34 @@ def all_reduce_rank(rank, size):
     return t.item()
 
 
+def torchrun_all_reduce(rank, size):
+    """Written for torchrun: rank, world and rendezvous all from the environment."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {name: os.environ[name] for name in names}, t.item()
+
+
+def fiber_style_init(node):
+    """Fiber's examples/ring.py initializer: MASTER_ADDR/MASTER_PORT from
+    members[0], the interface from get_listen_addr(), then env://."""
+    import torch.distributed as dist
+
+    from fiberrl.runtime.backends import get_backend
+    master = node.members[0]
+    _, _, interface = get_backend().get_listen_addr()
+    os.environ["MASTER_ADDR"] = master.ip
+    os.environ["MASTER_PORT"] = str(master.port)
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    dist.init_process_group("gloo", rank=node.rank, world_size=node.size)
+
+
 def raise_on_rank_one(rank, size):
     if rank == 1:
         raise RuntimeError("rank one refuses")
@@ -238,6 +266,18 @@ def test_ring_all_reduce_and_a_failing_member(cluster):
     assert Ring(2, all_reduce_rank, gloo_init).run() == [3.0, 3.0]
     with pytest.raises(RingError, match="rank 1"):
         Ring(2, raise_on_rank_one).run()
+
+
+def test_ring_members_rendezvous_through_torchruns_environment(cluster):
+    results = Ring(2, torchrun_all_reduce).run()
+    assert [total for _, total in results] == [3.0, 3.0]
+    envs = [env for env, _ in results]
+    assert [(e["RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "2"), ("1", "2")]
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    # members on one host count each other; on separate hosts each is alone
+    local = [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs]
+    assert local in ([("0", "2"), ("1", "2")], [("0", "1"), ("0", "1")])
+    assert Ring(2, all_reduce_rank, fiber_style_init).run() == [3.0, 3.0]
 
 
 def test_es_trains_with_only_the_backend_changed(cluster, tmp_path):

@@ -10,11 +10,14 @@
     per_rank = Ring(4, train, setup).run()   # [rank 0's return value, rank 1's, ...]
 
 Every member, rank 0 included, is a job-backed ``Process`` with the ``meta``
-resources of ``func``.  Rank 0 binds the rendezvous port before it does
-anything else and hands that very socket to torch's TCPStore, so the address
-the members are given is one that is really held, never a guessed port.  If a
-member raises or dies, ``run()`` stops the others and raises ``RingError``
-naming it.
+resources of ``func``.  Rank 0 proves the rendezvous port free by binding it,
+then lets it go before anyone is told of it, so that torch can bind it there
+however the member starts torch.distributed: ``node.init_process_group()``,
+Fiber's initializer (``MASTER_ADDR``/``MASTER_PORT`` and env://), or a script
+written for torchrun: every member's environment carries torchrun's
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``.  If a member raises or dies, ``run()``
+stops the others and raises ``RingError`` naming it.
 """
 from __future__ import annotations
 
@@ -62,23 +65,22 @@ class RingMember:
 
     rank: int
     ip: str
-    port: int | None  # only rank 0 holds a port: the rendezvous
+    port: int | None  # only rank 0 has a port: the rendezvous
     connected: bool = True
 
 
 class RingNode:
     """What a member's initializer is given: its place in the ring and the
-    rendezvous address (``master_addr``, ``master_port``), held by rank 0."""
+    rendezvous address (``master_addr``, ``master_port``), free for rank 0's
+    torch to bind."""
 
-    def __init__(self, rank: int, size: int, members: list[RingMember], gpu: bool,
-                 listener: socket.socket | None = None):
+    def __init__(self, rank: int, size: int, members: list[RingMember], gpu: bool):
         self.rank = rank
         self.size = size
         self.members = members
         self.master_addr = members[0].ip
         self.master_port = members[0].port
         self._gpu = gpu
-        self._listener = listener  # rank 0's bound rendezvous socket, until torch or the user takes the port
         self._owns_group = False
 
     def init_process_group(self, backend: str | None = None,
@@ -100,34 +102,12 @@ class RingNode:
         self._owns_group = True
 
     def _store(self, dist, timeout: datetime.timedelta):
-        if self.rank != 0:
-            return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=False, timeout=timeout)
-        if self._listener is None:
-            raise RuntimeError("rank 0 no longer holds the rendezvous port (release_port() was called): "
-                               "use init_process_group() or release_port(), not both")
-        listener, self._listener = self._listener, None
-        try:
-            # libuv's store adopts a socket only in recent torch; the classic one has for longer
-            store = dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=True, timeout=timeout,
-                                  master_listen_fd=listener.fileno(), use_libuv=False)
-        except TypeError:
-            # a torch without master_listen_fd cannot take the socket over: free
-            # the port only now, so the moment another process could take it is
-            # as short as it can be
-            listener.close()
-            return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=True, timeout=timeout)
-        listener.detach()  # the store owns the descriptor now and closes it itself
-        return store
+        return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=self.rank == 0,
+                             timeout=timeout)
 
     def release_port(self) -> None:
-        """For initializers that rendezvous through ``env://`` themselves:
-        rank 0 lets go of the rendezvous port (for torch to bind it again),
-        and every member gets MASTER_ADDR and MASTER_PORT in its environment.
-        Call it on every member, then ``dist.init_process_group(backend,
-        rank=node.rank, world_size=node.size)``."""
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        """Kept for initializers written against it: the port is already free
+        and MASTER_ADDR and MASTER_PORT already in the environment."""
         os.environ["MASTER_ADDR"] = self.master_addr
         os.environ["MASTER_PORT"] = str(self.master_port)
 
@@ -137,9 +117,6 @@ class RingNode:
             if dist.is_initialized():  # unless func destroyed it itself
                 dist.destroy_process_group()
             self._owns_group = False
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
 
 
 class Ring:
@@ -292,9 +269,9 @@ _PORT_TRIES = 64
 
 
 def _listen(host: str, backlog: int) -> socket.socket:
-    """Rank 0's rendezvous socket, on a port below the kernel's ephemeral
-    range where one is free: after ``release_port()`` the port is unheld until
-    torch binds it again, and a port inside the range can meanwhile become some
+    """A socket on a port below the kernel's ephemeral range where one is free:
+    rank 0's rendezvous port is unheld from the moment it is advertised until
+    torch binds it, and a port inside the range can meanwhile become some
     connection's local port, the worst being a member's own retried connect to
     it (TCP self-connect), which then holds it against rank 0."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -316,18 +293,35 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default and the IANA dynamic range's start
 
 
+def _free_port(host: str) -> int:
+    """A port torch can bind on ``host``: bound to prove it free, and let go
+    before it is advertised, so that no member's connect can ever reach a
+    socket that is about to close (the port is outside the ephemeral range, so
+    nothing takes it meanwhile unless it binds it by number)."""
+    with _listen(host, 1) as reservation:
+        return reservation.getsockname()[1]
+
+
+def _torchrun_env(rank: int, members: list[RingMember]) -> dict[str, str]:
+    """torchrun's contract, so that env:// rendezvous and scripts written for
+    torchrun work unchanged; a member's host is the address it listens on."""
+    same_host = [m.rank for m in members if m.ip == members[rank].ip]
+    return {"RANK": str(rank), "WORLD_SIZE": str(len(members)),
+            "LOCAL_RANK": str(same_host.index(rank)), "LOCAL_WORLD_SIZE": str(len(same_host)),
+            "MASTER_ADDR": members[0].ip, "MASTER_PORT": str(members[0].port)}
+
+
 def _member(rank, size, func, initializer, initargs, gpu, results: Queue, roster: Queue) -> None:
     """What each member runs, in its own job."""
     try:
         host = listen_host()
-        # first of all, so the port is held before anyone is told of it
-        listener = _listen(host, size) if rank == 0 else None
-        results.put(("hello", rank, host, listener.getsockname()[1] if listener is not None else None))
+        results.put(("hello", rank, host, _free_port(host) if rank == 0 else None))
         members = [RingMember(r, ip, port) for r, ip, port in roster.get()]
+        os.environ.update(_torchrun_env(rank, members))
         if gpu is None:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
             gpu = bool(visible) and visible != "-1"
-        node = RingNode(rank, size, members, bool(gpu), listener)
+        node = RingNode(rank, size, members, bool(gpu))
         if initializer is not None:
             initializer(node, *initargs)
         value = func(rank, size)

@@ -7,6 +7,8 @@ import abc
 import codecs
 import enum
 import os
+import socket
+import struct
 import sys
 from dataclasses import dataclass, field
 
@@ -90,6 +92,15 @@ class Backend(abc.ABC):
     def listen_host(self) -> str:
         """The address this process should listen on so its jobs can reach it."""
 
+    def get_listen_addr(self) -> tuple[str, int, str]:
+        """Fiber's ``(ip, port, interface)``: the address this process listens
+        on (the configured host, else ``listen_host()``), 0 for "any port",
+        and the network interface that carries the address, which Fiber's
+        ring example hands to gloo as GLOO_SOCKET_IFNAME ("" if none does)."""
+        from ..config import get_config
+        host = get_config().host or self.listen_host()
+        return host, 0, interface_of(host)
+
     def cleanup(self, owner: str) -> None:  # noqa: B027 - most backends' jobs end with their owner
         """Remove every job ``owner`` started that is still there: run at exit,
         and by the reaper when the owner died without exiting."""
@@ -120,6 +131,29 @@ class Backend(abc.ABC):
     def cancel(self, job_id: str) -> None:
         """Stop a submitted job and every job of its run."""
         raise NotImplementedError(f"the {self.name} backend has no submitted runs")
+
+
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
+def interface_of(address: str) -> str:
+    """The name of the network interface that has ``address`` (IPv4, Linux),
+    or "" where none has it or the platform cannot say."""
+    try:
+        import fcntl
+        names = [name for _, name in socket.if_nameindex()]
+        packed = socket.inet_aton(address)
+    except (ImportError, OSError):
+        return ""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in names:
+            try:
+                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            if reply[20:24] == packed:
+                return name
+    return ""
 
 
 def remote_env(env: dict[str, str], forward: str = "") -> dict[str, str]:
