@@ -4,6 +4,8 @@ first use), start methods and contexts, its exceptions and its logger."""
 import ctypes
 import logging
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 
@@ -155,3 +157,88 @@ def test_sentinels_and_pipes_are_waited_on_together():
     sender.close()
     with pytest.raises(ValueError, match="closed"):
         _ = sender.sentinel
+
+
+MAIN_ALIASING = """
+import pickle
+import fiberrl.runtime as mp
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+def double(x):
+    return 2 * x
+
+def in_the_child(q):
+    import __main__
+    # what a multiprocessing spawn child can do: its target's module is the parent's script,
+    # imported again, so plain pickle finds the script's functions and classes by name
+    again = pickle.loads(pickle.dumps(double))
+    point = pickle.loads(pickle.dumps(Point(3)))
+    q.put((again(21), point.x, double is __main__.double, isinstance(point, __main__.Point)))
+
+if __name__ == "__main__":
+    q = mp.Queue()
+    p = mp.Process(target=in_the_child, args=(q,))
+    p.start()
+    print(q.get(timeout=60))
+    p.join(60)
+    with mp.Pool(1) as pool:
+        print(pool.map(double, [1, 2]), pool.apply(lambda: (lambda y: y + 1)(1)))
+    print(type(Point(1)) is Point)
+"""
+
+
+def test_a_main_scripts_functions_pickle_by_name_in_a_child_as_with_spawn(tmp_path, script_env):
+    script = tmp_path / "main_aliasing.py"
+    script.write_text(MAIN_ALIASING)
+    out = subprocess.run([sys.executable, str(script)], env=script_env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["(42, 3, True, True)", "[2, 4] 2", "True"]
+
+
+def put_doubled(q, x):
+    q.put(2 * x)
+
+
+def send_hello(conn):
+    conn.send("hello")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_a_plain_multiprocessing_child_uses_a_queue_and_a_pipe_of_the_run(method):
+    """multiprocessing hands its children its authkey, which a process of the run makes
+    the run's secret: the child proves itself with it (checked against the run's id)."""
+    ctx = multiprocessing.get_context(method)
+    q = mp.Queue()
+    p = ctx.Process(target=put_doubled, args=(q, 21))
+    p.start()
+    assert q.get(timeout=30) == 42
+    p.join(30)
+    reader, writer = mp.Pipe(duplex=False)
+    p = ctx.Process(target=send_hello, args=(writer,))
+    p.start()
+    assert reader.poll(30) and reader.recv() == "hello"
+    p.join(30)
+
+
+def write_later(path):
+    time.sleep(1.0)
+    with open(path, "w") as fh:
+        fh.write("done")
+
+
+def start_a_multiprocessing_child(path):
+    multiprocessing.get_context("spawn").Process(target=write_later, args=(path,)).start()
+
+
+def test_a_jobs_multiprocessing_children_are_joined_when_it_ends(tmp_path):
+    """As in multiprocessing: a process's non-daemonic children are waited for at its end."""
+    marker = tmp_path / "written"
+    p = mp.Process(target=start_a_multiprocessing_child, args=(str(marker),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert marker.read_text() == "done"

@@ -235,3 +235,31 @@ def test_item_not_lost_to_a_reader_that_died_waiting():
     p.start()
     assert out.get(timeout=30) == ["survives"]
     p.join(30)
+
+
+def count_work(q_in, q_out, ident):
+    while q_in.get() != "quit":
+        q_out.put(ident)
+
+
+def test_items_are_spread_over_concurrent_readers_about_evenly():
+    """Fiber's test_queue_balance with only the import changed (fiber.queues ->
+    fiberrl.runtime.queues): 4 readers of 2,400 items.  Fiber asserts 600 each
+    (its push queue deals in turn); here readers ask, so about 600."""
+    from collections import Counter
+
+    from fiberrl.runtime.queues import SimpleQueuePush
+    inqueue, outqueue = SimpleQueuePush(), SimpleQueuePush()
+    workers = [mp.Process(target=count_work, args=(inqueue, outqueue, i), daemon=True) for i in range(4)]
+    for p in workers:
+        p.start()
+    time.sleep(1)  # as Fiber's test: all readers are waiting
+    for _ in range(2400):
+        inqueue.put("work")
+    counts = Counter(outqueue.get(timeout=60) for _ in range(2400))
+    for _ in range(4):
+        inqueue.put("quit")
+    for p in workers:
+        p.join(30)
+    assert sorted(counts) == [0, 1, 2, 3]
+    assert all(abs(n - 600) <= 60 for n in counts.values()), counts

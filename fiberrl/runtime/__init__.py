@@ -5,7 +5,7 @@ multiprocessing code.
 Importing opens no socket, starts no thread and reads no configuration.
 """
 from .backends.forkserver import set_forkserver_preload
-from .config import ConfigError, RuntimeConfig, configure, get_config
+from .config import ConfigError, RuntimeConfig, configure, get_config, init
 from .connection import Connection, Pipe
 from .context import (AuthenticationError, BufferTooShort, ProcessError, freeze_support, get_all_start_methods,
                       get_context, get_logger, get_start_method, log_to_stderr, set_start_method)
@@ -26,5 +26,5 @@ __all__ = [
     "RLock", "RawArray", "RawValue", "Ring", "RingError", "RuntimeConfig", "Semaphore", "SimpleQueue", "SyncManager",
     "TimeoutError", "Value", "WorkerLostError", "active_children", "configure", "cpu_count", "current_process",
     "freeze_support", "get_all_start_methods", "get_config", "get_context", "get_logger", "get_start_method",
-    "log_to_stderr", "meta", "parent_process", "set_forkserver_preload", "set_start_method",
+    "init", "log_to_stderr", "meta", "parent_process", "set_forkserver_preload", "set_start_method",
 ]

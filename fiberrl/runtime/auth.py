@@ -33,6 +33,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 SECRET_ENV = "FIBERRL_RUN_SECRET"
 SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
+# the run's public id, in the environment of every process of it: a plain multiprocessing
+# child checks the authkey its parent handed it against this before taking it for the secret
+RUN_ID_ENV = "FIBERRL_RUN_ID"
 NONCE_BYTES = 32
 _secret: bytes | None = None
 
@@ -58,8 +61,30 @@ def run_secret() -> bytes:
             if len(_secret) < 32:
                 raise RuntimeError(f"{SECRET_ENV} holds {len(_secret)} bytes; at least 32 are required")
         else:
-            _secret = secrets.token_bytes(32)
+            _secret = _secret_from_multiprocessing_parent() or secrets.token_bytes(32)
+        _share_with_multiprocessing_children(_secret)
     return _secret
+
+
+def _share_with_multiprocessing_children(secret: bytes) -> None:
+    """Make the secret multiprocessing's authkey in this process: multiprocessing hands
+    its authkey to the children it starts (spawn, forkserver) over its own pipe, so a
+    plain multiprocessing child given a queue or a pipe of the run can reach it, and no
+    other program this process starts sees the secret."""
+    import multiprocessing
+    multiprocessing.current_process().authkey = secret
+    os.environ[RUN_ID_ENV] = run_id(secret)
+
+
+def _secret_from_multiprocessing_parent() -> bytes | None:
+    """In a child that multiprocessing started from a process of a run: the run's secret,
+    as its authkey (see above), if the run's id says it is."""
+    import multiprocessing
+    expected = os.environ.get(RUN_ID_ENV)
+    if not expected or multiprocessing.parent_process() is None:
+        return None
+    key = bytes(multiprocessing.current_process().authkey)
+    return key if len(key) >= 32 and hmac.compare_digest(run_id(key), expected) else None
 
 
 def secret_known() -> bool:

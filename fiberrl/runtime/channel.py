@@ -8,6 +8,7 @@ itself the handle works on the channel directly, without a socket.
 """
 from __future__ import annotations
 
+import os
 import queue
 import struct
 import threading
@@ -172,18 +173,21 @@ class Channel:
 class ChannelRef:
     """A handle on a channel, usable from any process of the run."""
 
-    __slots__ = ("address", "obj_id", "maxsize", "_channel")
+    __slots__ = ("address", "obj_id", "maxsize", "_channel", "_pid")
 
     def __init__(self, address: str, obj_id: bytes, maxsize: int = 0, channel: Channel | None = None):
         self.address = address
         self.obj_id = obj_id
         self.maxsize = maxsize
         self._channel = channel
+        self._pid = os.getpid()  # whose the channel is: a forked child holds only a copy of it
 
     def __reduce__(self):
         return ChannelRef, (self.address, self.obj_id, self.maxsize)
 
     def _local(self) -> Channel | None:
+        if self._pid != os.getpid():  # forked from the owner: its items are the owner's, reached remotely
+            self._channel, self._pid = None, os.getpid()
         if self._channel is None:
             hub = current_hub()
             if hub is not None and hub.owns(self.address):

@@ -43,6 +43,16 @@ def _report(parent: ParentLink, report: str) -> None:
         sys.stderr.write(report)
 
 
+def _join_multiprocessing_children() -> None:
+    """What multiprocessing does as a process of its own ends (os._exit below skips it):
+    its daemonic children are terminated and the others waited for."""
+    import multiprocessing.util
+    try:
+        multiprocessing.util._exit_function()
+    except Exception as exc:  # its finalizers are the user's code
+        sys.stderr.write(f"fiberrl child {os.getpid()}: ending its multiprocessing children failed: {exc!r}\n")
+
+
 def main() -> None:
     parent_address = os.environ.get(process_module.PARENT_ADDRESS_ENV)
     process_id = os.environ.pop(process_module.PROCESS_ID_ENV, None)
@@ -83,6 +93,7 @@ def main() -> None:
         _report(parent, f"Process {process.name} (pid {os.getpid()}) failed:\n{traceback.format_exc()}")
     finally:
         close_active_connections()
+        _join_multiprocessing_children()
         process_module.stop_children(5.0)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass, fields
@@ -24,9 +25,9 @@ ENV_PREFIX = "FIBERRL_"
 FILE_ENV = "FIBERRL_CONFIG_FILE"
 DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
-RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_PARENT_ADDRESS", "FIBERRL_PROCESS_ID",
-                "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME", "FIBERRL_POD_NAMESPACE",
-                "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", FILE_ENV}
+RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_RUN_ID", "FIBERRL_PARENT_ADDRESS",
+                "FIBERRL_PROCESS_ID", "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME",
+                "FIBERRL_POD_NAMESPACE", "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", FILE_ENV}
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,15 @@ class RuntimeConfig:
     slurm_dir: str = ""
     """Directory on a file system every node shares, for the jobs' exit files,
     logs and the run's secret; empty: ~/.fiberrl/slurm."""
+    cpu_per_job: float = 0.0
+    """CPU cores requested for each job whose function has no ``@meta(cpu=)``;
+    0: the backend's default (Fiber's ``cpu_per_job``)."""
+    mem_per_job: int = 0
+    """MiB of memory requested for each job whose function has no ``@meta(mem=)``;
+    0: the backend's default (Fiber's ``mem_per_job``)."""
+    log_file: str = ""
+    """File every process of the run appends the ``fiberrl`` log to, each record
+    naming its process; ``stdout``: standard output; empty: no log file."""
 
 
 _KEYS = {f.name: f for f in fields(RuntimeConfig)}
@@ -106,6 +116,8 @@ _LIMITS = {
     "start_timeout": _SECONDS,
     "schedule_timeout": _SECONDS_OR_NONE,
     "max_message_size": (lambda size: size >= 1, "a number of bytes >= 1"),
+    "cpu_per_job": (lambda cpu: math.isfinite(cpu) and cpu >= 0, "a number of cores >= 0"),
+    "mem_per_job": (lambda mem: mem >= 0, "a number of MiB >= 0"),
     # the hub hands it to logging in upper case
     "log_level": (lambda level: level.upper() in logging.getLevelNamesMapping(),
                   "a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL"),
@@ -201,7 +213,28 @@ def get_config() -> RuntimeConfig:
             values = {**_from_file(), **_from_env()}
         values.update(_code_overrides)
         _config = RuntimeConfig(**values)
+        _apply_log_file(_config.log_file)
     return _config
+
+
+_LOG_FORMAT = "%(asctime)s %(processName)s[%(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+def _apply_log_file(log_file: str) -> None:
+    """Send the ``fiberrl`` log to ``log_file`` (replacing an earlier one); children
+    resolve the same setting, so each process appends its own records."""
+    logger = logging.getLogger("fiberrl")
+    for handler in [h for h in logger.handlers if getattr(h, "_fiberrl_log_file", None) is not None]:
+        if handler._fiberrl_log_file == log_file:
+            return
+        logger.removeHandler(handler)
+        handler.close()
+    if not log_file:
+        return
+    handler = logging.StreamHandler(sys.stdout) if log_file == "stdout" else logging.FileHandler(log_file)
+    handler._fiberrl_log_file = log_file
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    logger.addHandler(handler)
 
 
 def configure(**settings) -> RuntimeConfig:
@@ -224,3 +257,75 @@ def reset() -> None:
 
 def serialize(config: RuntimeConfig) -> str:
     return json.dumps(dataclasses.asdict(config))
+
+
+# --- Fiber's names: ``fiber.init(**settings)`` and ``fiber.config.<key>`` --------------------------
+# Fiber settings that mean the same here under the same name: backend, image, log_level, log_file,
+# cpu_per_job, mem_per_job, kubernetes_namespace; these others are about Fiber's own machinery
+_FIBER_ONLY = {"merge_output", "use_bash", "ipc_active", "ipc_admin_master_port", "ipc_admin_worker_port",
+               "use_push_queue"}
+
+
+def _fiber_log_level(level):
+    # Fiber takes logging's numbers (logging.DEBUG) as well as names
+    return logging.getLevelName(level) if isinstance(level, int) and not isinstance(level, bool) else level
+
+
+def _from_fiber(settings: dict) -> dict:
+    """Fiber's ``init`` settings as runtime settings."""
+    current = get_config()
+    out = {}
+    for key, value in settings.items():
+        if key in _FIBER_ONLY:
+            raise ConfigError(f"init(): Fiber's setting {key!r} has no meaning in fiberrl; remove it")
+        if key == "debug":
+            if value:
+                out["log_level"] = "DEBUG"
+        elif key == "default_backend":
+            # Fiber uses it only where no backend is set
+            if "backend" not in settings and current.backend == "auto":
+                out["backend"] = value
+        elif key == "default_image":
+            if not settings.get("image") and not current.image:
+                out["image"] = value
+        elif key == "log_level":
+            out["log_level"] = _fiber_log_level(value)
+        elif key in ("backend", "image") and value is None:
+            out[key] = "auto" if key == "backend" else ""  # Fiber's None: its default
+        else:
+            out[key] = value
+    return out
+
+
+def init(**settings) -> list[str]:
+    """Fiber's ``fiber.init``: set runtime settings, Fiber's names included (``debug``,
+    ``default_backend``, ``default_image``); returns the settings whose value changed."""
+    before = dataclasses.asdict(get_config())
+    runtime = _from_fiber(settings)
+    after = dataclasses.asdict(configure(**runtime))
+    if "log_level" in runtime:
+        # the hub sets the level once, when it starts; init may come later
+        logging.getLogger("fiberrl").setLevel(after["log_level"].upper())
+    return [key for key in after if after[key] != before[key]]
+
+
+def _fiber_reading(name: str):
+    config = get_config()
+    if name == "debug":
+        return config.log_level.upper() == "DEBUG"
+    if name == "default_backend":
+        return config.backend
+    if name == "default_image":
+        return config.image
+    raise KeyError(name)
+
+
+def __getattr__(name: str):
+    """``fiberrl.runtime.config.<key>``: the current value of a setting, as Fiber's ``fiber.config.<key>``."""
+    if name in _KEYS:
+        return getattr(get_config(), name)
+    if name in ("debug", "default_backend", "default_image"):
+        return _fiber_reading(name)
+    if name in _FIBER_ONLY:
+        raise AttributeError(f"Fiber's setting {name!r} has no meaning in fiberrl")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

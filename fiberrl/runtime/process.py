@@ -15,10 +15,9 @@ import os
 import pickle
 import threading
 import uuid
+from multiprocessing.process import AuthenticationString
 
-import cloudpickle
-
-from . import auth
+from . import auth, wire
 from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
 from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
@@ -45,6 +44,21 @@ class BaseProcess:
     _name = "MainProcess"
     _daemon = False
     _parent_pid: int | None = None
+    _authkey: bytes | None = None
+
+    @property
+    def authkey(self) -> bytes:
+        """multiprocessing's key (API compatibility only: fiberrl authenticates with the
+        run's secret, never with this).  A child inherits its parent's; the main
+        process draws a random one on first use."""
+        if self._authkey is None:
+            self._authkey = os.urandom(32)
+        return AuthenticationString(self._authkey)
+
+    @authkey.setter
+    def authkey(self, value) -> None:
+        # kept as plain bytes so that the process object still pickles for its child
+        self._authkey = bytes(value)
 
     @property
     def name(self) -> str:
@@ -86,6 +100,8 @@ class Process(BaseProcess):
         self._kwargs = dict(kwargs or {})
         self._name = name or "Process-" + ":".join(map(str, self._identity))
         self._daemon = parent.daemon if daemon is None else bool(daemon)
+        # it reaches the child with the pickled process object, in the launch payload
+        self._authkey = bytes(parent.authkey)
         self._parent_pid = os.getpid()
         self._job = None
         self._backend_name: str | None = None
@@ -191,7 +207,7 @@ class Process(BaseProcess):
         process_id = uuid.uuid4().bytes
         prep = preparation_data(self._name)
         try:
-            body = cloudpickle.dumps(self, protocol=5)
+            body = wire.cloudpickle_dumps(self)
         except Exception as exc:
             raise TypeError(f"cannot send {self._name}'s target and arguments to its job: {exc}") from exc
         hub.offer_launch(process_id, pickle.dumps((prep, body), protocol=5))
@@ -204,6 +220,7 @@ class Process(BaseProcess):
         })
         resources = self._resources or (resources_of(self._target) if self._target is not None
                                         else resources_of(type(self).run))
+        resources = _with_configured_defaults(resources)
         self._backend_name = resolve_name(get_config().backend)
         env.pop(FORWARD_OUTPUT_ENV, None)
         if not self._backend().shares_terminal:
@@ -278,6 +295,13 @@ class _ParentProcess(BaseProcess):
 
 _current: BaseProcess = _MainProcess()
 _parent: BaseProcess | None = None
+
+
+def _with_configured_defaults(resources: dict) -> dict:
+    """``resources`` (from @meta or the pool) with cpu_per_job/mem_per_job filling what they leave unset."""
+    config = get_config()
+    defaults = {"cpu": config.cpu_per_job or None, "mem": config.mem_per_job or None}
+    return {**{k: v for k, v in defaults.items() if v is not None}, **resources}
 
 
 def current_process() -> BaseProcess:

@@ -121,8 +121,12 @@ class StreamPump:
             if self._closed:
                 stream.close()
                 return
-            self._streams[fd] = (stream, key)
-            self._poller.add(fd)
+            if fd >= 0:  # else closed meanwhile (by a handler of those frames, or another thread)
+                self._streams[fd] = (stream, key)
+                self._poller.add(fd)
+                return
+        stream.close()
+        self._on_closed(stream, key)
 
     def wait(self, done, timeout: float | None) -> bool | None:
         """Read and handle frames on this thread until ``done()`` or ``timeout``

@@ -1,7 +1,7 @@
 """Serialisation of Python objects into the frames of streams.
 
-Objects are pickled at protocol 5 (cloudpickle where plain pickle would
-refer to ``__main__`` or cannot pickle them); buffers that support
+Objects are pickled at protocol 5 (cloudpickle where plain pickle cannot
+pickle them, or would refer to a ``__main__`` the receiver cannot import); buffers that support
 out-of-band transfer (numpy arrays among them) are written after the pickle
 stream instead of being copied into it.  On receive the whole message is
 copied once into a bytearray, so arrays come back writable, as they do from
@@ -17,10 +17,12 @@ from __future__ import annotations
 import copyreg
 import importlib
 import io
+import os
 import pickle
 import struct
 import sys
 import threading
+import types
 
 import cloudpickle
 
@@ -93,19 +95,55 @@ def _pickle(obj) -> tuple[bytes, list]:
     return pickler.dumps(obj)
 
 
+def main_importable() -> bool:
+    """Whether this process's main module is one its jobs import (a script's
+    file or a module run with -m), as multiprocessing's spawn does: its
+    functions and classes then travel by name, and a job looks them up in its
+    own import of it (where plain ``pickle`` finds them as well)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    path = getattr(main, "__file__", None)
+    return spec is not None or (path is not None and os.path.isfile(path))
+
+
+def _named_in_main(obj) -> bool:
+    """A function or class defined at the top of ``__main__``, found there by its name."""
+    if not isinstance(obj, (types.FunctionType, type)) or getattr(obj, "__module__", None) != "__main__":
+        return False
+    name = getattr(obj, "__qualname__", "")
+    return "." not in name and getattr(sys.modules["__main__"], name, None) is obj
+
+
+class _MainByName(cloudpickle.Pickler):
+    """cloudpickle, but what is named at the top of an importable ``__main__`` goes
+    by name, as multiprocessing sends it; lambdas, closures and what a job
+    cannot import still go by value."""
+
+    def reducer_override(self, obj):
+        if _named_in_main(obj) and main_importable():
+            return NotImplemented  # pickle's own way: by reference
+        return super().reducer_override(obj)
+
+
+def cloudpickle_dumps(obj, buffer_callback=None) -> bytes:
+    file = io.BytesIO()
+    _MainByName(file, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return file.getvalue()
+
+
 def dumps(obj) -> list:
     """Serialise ``obj`` into a list of buffers to be concatenated on the wire:
     the pickle stream and its out-of-band buffers, framed by :func:`frames`."""
     try:
-        # the C pickler is several times faster; what it would send by
-        # reference from __main__ (or cannot pickle at all) goes through
-        # cloudpickle, which sends it by value
+        # the C pickler is several times faster; what it cannot pickle, or
+        # would send by name from a __main__ the receiver cannot import, goes
+        # through cloudpickle, which sends it by value
         stream, buffers = _pickle(obj)
-        if b"__main__" in stream:
+        if b"__main__" in stream and not main_importable():
             raise pickle.PicklingError("refers to __main__")
     except Exception:
         buffers = []
-        stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        stream = cloudpickle_dumps(obj, buffer_callback=buffers.append)
     if not buffers:  # the common small case, without frames()'s general bookkeeping
         return [_ONE_PART + _LENGTH.pack(len(stream)), stream]
     return frames([stream, *(b.raw() for b in buffers)])

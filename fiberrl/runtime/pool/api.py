@@ -8,22 +8,31 @@ worker is up, ``resize(n)`` changes the number of workers while it runs,
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 
 from ..meta import resources_of
 from ..process import _register_exit_hook, cpu_count
-from .results import AsyncResult, IMapIterator
+from .results import AsyncResult, IMapIterator, TimeoutError
 from .scheduler import CLOSE, RUN, TERMINATE, LazyInput, PoolStatistics, Scheduler
 
 
 class Pool:
     def __init__(self, processes: int | None = None, initializer=None, initargs=(), maxtasksperchild=None,
-                 *, prefetch: int = 2, max_task_crashes: int = 3, worker_resources: dict | None = None):
+                 cluster=None, *, prefetch: int = 2, max_task_crashes: int | None = None,
+                 worker_resources: dict | None = None, error_handling: bool | None = None):
         """``prefetch``: chunks a worker holds at once (the running one
         included); ``max_task_crashes``: how many times a task may be running
-        when its worker dies before it fails with WorkerLostError;
+        when its worker dies before it fails with WorkerLostError (default 3);
         ``worker_resources``: dict(cpu=, gpu=, mem=) for each worker's job
-        (default: the initializer's ``@meta``)."""
+        (default: the initializer's ``@meta``).  Fiber's arguments:
+        ``cluster`` must be None; ``error_handling`` True (Fiber's
+        ResilientZPool, this pool's default) resubmits the tasks of a worker
+        that dies, False (Fiber's ZPool) fails them with WorkerLostError."""
+        if cluster is not None:
+            raise ValueError(f"Pool(cluster={cluster!r}): Fiber's cluster argument has no meaning in fiberrl; "
+                             f"leave it None and pick the backend with configure(backend=...)")
+        max_task_crashes = _crashes_allowed(error_handling, max_task_crashes)
         processes = cpu_count() if processes is None else processes
         if processes < 1:
             raise ValueError("Number of processes must be at least 1")
@@ -125,6 +134,28 @@ class Pool:
     def statistics(self) -> PoolStatistics:
         return self._scheduler.statistics()
 
+    def start_workers(self) -> None:
+        """Fiber's ``start_workers()``: this pool starts its workers when it is made, so nothing is left to do."""
+        if self._scheduler.state != RUN:
+            raise ValueError("Pool not running")
+
+    def wait_until_workers_up(self, timeout: float | None = None) -> None:
+        """Fiber's ``wait_until_workers_up()``: block until every worker has connected.
+        ``timeout`` None waits as long as a worker may take to start (start_timeout,
+        plus schedule_timeout off the local backend); TimeoutError past it."""
+        scheduler = self._scheduler
+        limit = scheduler.startup_limit() if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            scheduler._check_running()
+            alive = scheduler.statistics().workers_alive
+            if alive >= scheduler.target_size:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{alive} of the pool's {scheduler.target_size} workers connected in {limit:.0f} s; "
+                                   f"see the log for why the others did not start")
+            time.sleep(0.05)
+
     def close(self) -> None:
         """No more tasks; workers exit once everything submitted is done."""
         self._scheduler.close()
@@ -169,6 +200,19 @@ def _terminate_live_pools() -> None:
     before their workers are, so nobody mourns or replaces the workers."""
     for pool in list(_live_pools):
         pool.terminate()
+
+
+def _crashes_allowed(error_handling, max_task_crashes: int | None) -> int:
+    """``max_task_crashes`` as Fiber's ``error_handling`` asks: without it a task whose worker dies fails at once."""
+    if error_handling not in (None, True, False):
+        raise ValueError(f"Pool(error_handling={error_handling!r}): must be True (resubmit the tasks of a worker "
+                         f"that dies), False (fail them) or None (the default, True)")
+    if error_handling is not None and not error_handling:
+        if max_task_crashes not in (None, 1):
+            raise ValueError(f"Pool(error_handling=False, max_task_crashes={max_task_crashes}): error_handling=False "
+                             f"means max_task_crashes=1; give one of them")
+        return 1
+    return 3 if max_task_crashes is None else max_task_crashes
 
 
 class _CallWithKeywords:

@@ -153,7 +153,7 @@ class Scheduler:
             known = None
         if known is not None:
             return known
-        blob = cloudpickle.dumps(func, protocol=5)
+        blob = wire.cloudpickle_dumps(func)
         with self._lock:
             func_id = len(self._funcs)
             self._funcs[func_id] = blob
@@ -360,14 +360,18 @@ class Scheduler:
                     return
             _send(replies)
 
+    def startup_limit(self) -> float:
+        """Seconds a started worker may take to connect before it counts as unable to start."""
+        config = get_config()
+        # a job on a cluster may first wait to be scheduled, which the backend bounds itself
+        return config.start_timeout + (0 if self._local else config.schedule_timeout)
+
     def _none_connected_in_time(self, starting: list[Worker]) -> bool:
         """Whether no worker runs and none of those started has connected within the
         time a job may take (with the lock held): the pool is then broken, not slow."""
         if self._broken or not starting or len(starting) < len(self._workers):
             return False
-        config = get_config()
-        # a job on a cluster may first wait to be scheduled, which the backend bounds itself
-        limit = config.start_timeout + (0 if self._local else config.schedule_timeout)
+        limit = self.startup_limit()
         oldest = min(w.started_at for w in starting)
         if time.monotonic() - oldest < limit:
             return False
