@@ -403,3 +403,20 @@ def test_connections_are_per_server_not_per_port():
         ours = connection(m.address, m._ref.name)
         assert connection(m.address, m._ref.name) is ours
         assert connection(m.address, "SyncManager-0 (pid 1)") is not ours
+
+
+def cube(x):
+    return x ** 3
+
+
+def test_a_managers_pool_serves_results_through_proxies():
+    """multiprocessing's SyncManager.Pool: the pool lives in the manager, its
+    async results and iterators come back as proxies."""
+    with SyncManager() as manager:
+        with manager.Pool(2) as pool:
+            assert pool.map(cube, range(4)) == [0, 1, 8, 27]
+            assert pool.apply(cube, (3,)) == 27
+            result = pool.map_async(cube, range(3))
+            assert result.get(30) == [0, 1, 8] and result.ready() and result.successful()
+            assert list(pool.imap(cube, range(3))) == [0, 1, 8]
+            assert sorted(pool.imap_unordered(cube, range(3))) == [0, 1, 8]

@@ -19,7 +19,7 @@ from ..process import Process
 from ..queues import Queue
 from .proxy import BaseProxy, ManagerError, ManagerRef, create
 from .server import M_COUNT, M_SHUTDOWN, serve
-from .sync_types import SYNC_TYPES
+from .sync_types import POOL_RESULTS, SYNC_TYPES, AsyncResultProxy, IteratorProxy, PoolProxy, _pool
 
 # how long a shut-down server gets to exit before it is killed
 SHUTDOWN_GRACE = 5.0
@@ -72,8 +72,8 @@ class BaseManager:
         self._launch()
 
     def _launch(self) -> None:
-        registry = {typeid: (fn, exposed, m2t) for typeid, (fn, exposed, m2t, _) in self._registry.items()
-                    if fn is not None}
+        # a typeid without a callable is still one of methods' results (method_to_typeid)
+        registry = {typeid: (fn, exposed, m2t) for typeid, (fn, exposed, m2t, _) in self._registry.items()}
         proxytypes = {typeid: entry[3] for typeid, entry in self._registry.items()}
         ready = Queue()
         process = Process(target=_serve_with_initializer, name=self._name, daemon=True,
@@ -189,6 +189,9 @@ class SyncManager(BaseManager):
 
 for _typeid, (_callable, _proxytype) in SYNC_TYPES.items():
     SyncManager.register(_typeid, _callable, _proxytype)
+SyncManager.register("Pool", _pool, PoolProxy, method_to_typeid=POOL_RESULTS)
+SyncManager.register("AsyncResult", proxytype=AsyncResultProxy, create_method=False)
+SyncManager.register("Iterator", proxytype=IteratorProxy, exposed=("__next__", "next"), create_method=False)
 
 
 class AsyncManager(BaseManager):

@@ -91,6 +91,8 @@ class ManagerServer:
             factory, exposed, method_to_typeid = self._registry[typeid]
         except KeyError:
             raise KeyError(f"no typeid {typeid!r} is registered with this manager") from None
+        if factory is None:
+            raise TypeError(f"{typeid!r} is registered without a callable: only a method's result is of it")
         obj = factory(*args, **kwargs)
         return (PROXY, self._store(obj, exposed, method_to_typeid) + (typeid,))
 

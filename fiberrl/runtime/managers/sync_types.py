@@ -144,6 +144,42 @@ class BarrierProxy(BaseProxy):
     broken = property(lambda self: self._callmethod("__getattribute__", ("broken",)))
 
 
+@forwarding("apply", "apply_async", "close", "imap", "imap_unordered", "join", "map", "map_async", "starmap",
+            "starmap_async", "terminate")
+class PoolProxy(BaseProxy):
+    """A pool held by the manager (its workers are the manager's children), as
+    multiprocessing's ``SyncManager.Pool``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()
+
+
+@forwarding("get", "wait", "ready", "successful")
+class AsyncResultProxy(BaseProxy):
+    pass
+
+
+@forwarding("__next__")
+class IteratorProxy(BaseProxy):
+    def __iter__(self):
+        return self
+
+    def next(self, timeout: float | None = None):
+        return self._callmethod("next", (timeout,))
+
+
+def _pool(*args, **kwds):
+    from ..pool import Pool  # imported in the manager's process, which runs the pool
+    return Pool(*args, **kwds)
+
+
+# what a manager's pool returns stays in the manager, reached through these proxies
+POOL_RESULTS = {"apply_async": "AsyncResult", "map_async": "AsyncResult", "starmap_async": "AsyncResult",
+                "imap": "Iterator", "imap_unordered": "Iterator"}
+
 # typeid -> (callable, proxytype); a proxytype exposes its _exposed_, None all public methods
 SYNC_TYPES = {
     "dict": (shared_dict, DictProxy),

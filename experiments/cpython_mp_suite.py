@@ -1,0 +1,39 @@
+"""CPython's own multiprocessing tests (``test._test_multiprocessing``,
+shipped with Python) run against ``fiberrl.runtime``: the suite's
+processes and manager mixins take their Process, Queue, Pipe, Pool, Lock...
+from fiberrl instead of multiprocessing.  Run under pytest, which collects
+the test classes this module installs, with a time limit per test:
+
+    python -m pytest experiments/cpython_mp_suite.py -p no:cacheprovider -q --timeout 60 -rfE
+
+The suite's "threads" flavour (multiprocessing.dummy) and its tests of
+multiprocessing's own internals (plain TestCases) are not installed: they
+test threads and CPython's modules, not this API.
+"""
+from __future__ import annotations
+
+import multiprocessing
+
+import test._test_multiprocessing as suite
+
+import fiberrl.runtime as fiberrl
+
+_SAME_NAMES = ("current_process", "parent_process", "active_children", "Pool", "Pipe", "Queue", "JoinableQueue",
+               "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier", "Value", "Array",
+               "RawValue", "RawArray")
+
+
+def _point_the_suite_at_fiberrl() -> None:
+    mixin = suite.ProcessesMixin
+    mixin.Process = fiberrl.Process
+    mixin.connection = fiberrl.connection
+    for name in _SAME_NAMES:
+        setattr(mixin, name, staticmethod(getattr(fiberrl, name)))
+    # the manager flavour makes its manager with multiprocessing.Manager() in setUpClass
+    suite.multiprocessing.Manager = fiberrl.Manager
+
+
+_point_the_suite_at_fiberrl()
+suite.install_tests_in_module_dict(globals(), "spawn", only_type="processes")
+suite.install_tests_in_module_dict(globals(), "spawn", only_type="manager")
+_ = multiprocessing  # the suite's own module-level checks still use it
