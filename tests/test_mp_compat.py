@@ -242,3 +242,38 @@ def test_a_jobs_multiprocessing_children_are_joined_when_it_ends(tmp_path):
     p.join(60)
     assert p.exitcode == 0
     assert marker.read_text() == "done"
+
+
+def fail_in_task(_):
+    raise ValueError("in the task")
+
+
+def answer_over_a_listener(address):
+    from fiberrl.runtime.connection import Client
+    with Client(address) as conn:  # multiprocessing's default authkey: the run's secret
+        conn.send(conn.recv() * 2)
+
+
+def test_what_multiprocessings_own_suite_found_missing():
+    """From CPython's test._test_multiprocessing run against fiberrl
+    (experiments/cpython_mp_suite.py): each a thing a user's code may do."""
+    # a non-blocking acquire with a timeout, which multiprocessing accepts and ignores
+    semaphore = mp.Semaphore(0)
+    assert semaphore.acquire(False, 0.1) is False
+    # the main process is alive
+    assert mp.current_process().is_alive()
+    # a task's remote traceback is multiprocessing's class
+    import multiprocessing.pool
+    with mp.Pool(1) as pool, pytest.raises(ValueError) as raised:
+        pool.map(fail_in_task, [1])
+    assert type(raised.value.__cause__) is multiprocessing.pool.RemoteTraceback
+    # multiprocessing.connection's Listener and Client between processes of the run
+    from fiberrl.runtime.connection import Listener
+    with Listener(("127.0.0.1", 0)) as listener:
+        p = mp.Process(target=answer_over_a_listener, args=(listener.address,))
+        p.start()
+        with listener.accept() as conn:
+            conn.send(21)
+            assert conn.recv() == 42
+        p.join(30)
+    assert p.exitcode == 0

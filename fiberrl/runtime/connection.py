@@ -186,4 +186,13 @@ def close_active_connections() -> None:
             logging.getLogger("fiberrl").warning("could not tell a pipe's reader it was closed: %s", exc)
 
 
-__all__ = ["Connection", "Pipe", "close_active_connections", "wait"]
+# multiprocessing.connection's sockets between programs, as they are: a process of the run
+# authenticates them with multiprocessing's authkey, which is the run's secret (auth.run_secret)
+Listener = multiprocessing.connection.Listener
+Client = multiprocessing.connection.Client
+families = multiprocessing.connection.families
+deliver_challenge = multiprocessing.connection.deliver_challenge
+answer_challenge = multiprocessing.connection.answer_challenge
+
+__all__ = ["Client", "Connection", "Listener", "Pipe", "answer_challenge", "close_active_connections",
+           "deliver_challenge", "families", "wait"]

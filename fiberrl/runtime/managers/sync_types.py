@@ -107,8 +107,13 @@ class ArrayProxy(BaseProxy):
     pass
 
 
-@forwarding("acquire", "release")
+@forwarding("release", also=("acquire",))
 class AcquirerProxy(BaseProxy):
+    def acquire(self, blocking: bool = True, timeout: float | None = None):
+        # multiprocessing's locks take a timeout with blocking=False and ignore it; threading's refuse it
+        # (a lock's "no timeout" is -1, a semaphore's None: pass only what was given)
+        return self._callmethod("acquire", (blocking, timeout) if blocking and timeout is not None else (blocking,))
+
     def __enter__(self):
         return self.acquire()
 

@@ -8,17 +8,7 @@ import collections
 import logging
 import multiprocessing
 import threading
-
-
-class RemoteTraceback(Exception):
-    """The traceback of a task's exception, as formatted in the worker."""
-
-    def __init__(self, tb: str):
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self):
-        return self.tb
+from multiprocessing.pool import RemoteTraceback  # multiprocessing's own: code checks a cause's type
 
 
 class WorkerLostError(RuntimeError):
