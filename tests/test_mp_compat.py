@@ -260,8 +260,13 @@ def test_what_multiprocessings_own_suite_found_missing():
     # a non-blocking acquire with a timeout, which multiprocessing accepts and ignores
     semaphore = mp.Semaphore(0)
     assert semaphore.acquire(False, 0.1) is False
-    # the main process is alive
-    assert mp.current_process().is_alive()
+    # the main process is alive, and has no exit code yet
+    assert mp.current_process().is_alive() and mp.current_process().exitcode is None
+    # a Value's lock=None is a lock of its own, lock=False none, and anything without acquire() is refused
+    assert mp.Value("i", 5, lock=None).get_lock() is not None
+    assert not hasattr(mp.Value("i", 5, lock=False), "get_lock")
+    with pytest.raises(AttributeError, match="has no method 'acquire'"):
+        mp.Value("i", 5, lock="navalue")
     # a task's remote traceback is multiprocessing's class
     import multiprocessing.pool
     with mp.Pool(1) as pool, pytest.raises(ValueError) as raised:

@@ -85,6 +85,10 @@ class _MainProcess(BaseProcess):
     def is_alive(self) -> bool:
         return True  # the process asking is this one
 
+    @property
+    def exitcode(self) -> None:
+        return None  # it is running
+
     def __repr__(self):
         return f"<_MainProcess name={self._name!r} pid={self.pid}>"
 

@@ -111,7 +111,7 @@ def RawArray(typecode_or_type, size_or_initializer):  # noqa: N802
 def Value(typecode_or_type, *args, lock=True):  # noqa: N802
     """A shared number, ``.value``, with its lock (``get_lock()``) unless ``lock=False``."""
     raw = RawValue(typecode_or_type, *args)
-    return raw if lock is False else Synchronized(raw, RLock() if lock is True else lock)
+    return raw if lock is False else Synchronized(raw, _lock_of(lock))
 
 
 def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
@@ -119,7 +119,16 @@ def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
     raw = RawArray(typecode_or_type, size_or_initializer)
     if lock is False:
         return raw
-    return SynchronizedArray(raw, RLock() if lock is True else lock, _typecode(typecode_or_type))
+    return SynchronizedArray(raw, _lock_of(lock), _typecode(typecode_or_type))
+
+
+def _lock_of(lock):
+    """The lock a Value or Array is given, as multiprocessing reads ``lock=``."""
+    if lock is True or lock is None:
+        return RLock()
+    if not hasattr(lock, "acquire"):
+        raise AttributeError(f"{lock!r} has no method 'acquire': give lock=True, False, or a Lock()/RLock()")
+    return lock
 
 
 class SynchronizedBase:
