@@ -215,6 +215,70 @@ def test_pipe_ends_in_two_children():
         p.join(30)
 
 
+def send_and_close(conn, item, delay):
+    time.sleep(delay)
+    conn.send(item)
+    conn.close()
+
+
+def send_and_exit(conn, item):
+    conn.send(item)
+
+
+def test_a_pipe_ends_only_when_every_process_holding_its_write_end_closed_it():
+    r, w = mp.Pipe(duplex=False)
+    quick = mp.Process(target=send_and_exit, args=(w, "quick"))
+    closer = mp.Process(target=send_and_close, args=(w, "closer", 0.5))
+    slow = mp.Process(target=send_and_close, args=(w, "slow", 1.5))
+    for p in (quick, closer, slow):
+        p.start()
+    w.close()
+    got = []
+    while True:
+        try:
+            got.append(r.recv())
+        except EOFError:
+            break
+    # the quick one exited and the closer closed its end long before the slow one sent
+    assert got == ["quick", "closer", "slow"]
+    for p in (quick, closer, slow):
+        p.join(30)
+
+
+class _FailsToUnpickle:
+    def __reduce__(self):
+        return os._exit, (7,)  # the child dies taking its arguments, before it holds the pipe's end
+
+
+def take_nothing(conn, _):
+    conn.send("never")
+
+
+def test_a_childs_pipe_end_is_released_if_it_dies_before_taking_it():
+    r, w = mp.Pipe(duplex=False)
+    p = mp.Process(target=take_nothing, args=(w, _FailsToUnpickle()))
+    p.start()
+    w.close()
+    assert r.poll(30)
+    with pytest.raises(EOFError):
+        r.recv()
+    p.join(30)
+    assert p.exitcode == 7
+
+
+def test_a_pipe_end_kept_open_in_the_parent_keeps_the_pipe_open():
+    r, w = mp.Pipe(duplex=False)
+    p = mp.Process(target=send_and_exit, args=(w, "x"))
+    p.start()
+    assert r.recv() == "x"
+    p.join(30)
+    assert not r.poll(0.5)  # as in multiprocessing: the parent's own w still could send
+    w.close()
+    assert r.poll(10)
+    with pytest.raises(EOFError):
+        r.recv()
+
+
 def blocked_reader(q, started):
     started.put(os.getpid())
     q.get()  # parked in the queue's owner when killed

@@ -81,9 +81,12 @@ def _secret_from_multiprocessing_parent() -> bytes | None:
     as its authkey (see above), if the run's id says it is."""
     import multiprocessing
     expected = os.environ.get(RUN_ID_ENV)
-    if not expected or multiprocessing.parent_process() is None:
+    # _inheriting: the child is still unpickling its arguments (a pipe's end takes hold of it
+    # then), before multiprocessing names its parent; the authkey is already the parent's
+    me = multiprocessing.current_process()
+    if not expected or (multiprocessing.parent_process() is None and not getattr(me, "_inheriting", False)):
         return None
-    key = bytes(multiprocessing.current_process().authkey)
+    key = bytes(me.authkey)
     return key if len(key) >= 32 and hmac.compare_digest(run_id(key), expected) else None
 
 

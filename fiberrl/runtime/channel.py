@@ -17,12 +17,14 @@ import uuid
 from collections import deque
 
 from . import wire
-from .hub import Q_CLOSE, Q_GET, Q_PUT, Q_SIZE, current_hub, get_hub
+from .hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
 from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request, check_size
 
 _TIMEOUT = struct.Struct("<d")
 _SIZE = struct.Struct("<q")
 _NO_TIMEOUT = _TIMEOUT.pack(-1.0)
+# the holder key of handles in the owner's own process (remote ones are keyed by their connection)
+LOCAL = 0
 # how much longer than the owner's own deadline a reader waits for its reply
 _REPLY_GRACE = 30.0
 
@@ -41,6 +43,11 @@ class Channel:
         self._parked_gets: deque[Request] = deque()
         self._parked_puts: deque[tuple[Request, object]] = deque()
         self._closed = False
+        # writer handles, counted as a pipe's write descriptors are: the channel closes when the
+        # last is released.  holder -> handles; a pickled handle is pending until a process takes it
+        self._holds: dict[int, int] = {}
+        self._pending: dict[bytes, int] = {}
+        self._taken_early: set[bytes] = set()
 
     def _full(self) -> bool:
         return 0 < self.maxsize <= len(self._items)
@@ -93,6 +100,58 @@ class Channel:
     def qsize(self) -> int:
         return len(self._items)
 
+    # --- writer handles ---------------------------------------------------
+    def hold(self, holder: int, token: bytes | None = None) -> None:
+        """A writer handle came to life in ``holder`` (``token``: it was unpickled)."""
+        with self._lock:
+            if token is not None:
+                if self._pending.pop(token, None) is None:
+                    self._taken_early.add(token)  # its pickler's notice is still on the way
+            self._holds[holder] = self._holds.get(holder, 0) + 1
+            self._closed = False
+
+    def pend(self, holder: int, token: bytes) -> None:
+        """A writer handle was pickled in ``holder``; it counts until taken or dropped."""
+        with self._lock:
+            if token in self._taken_early:
+                self._taken_early.discard(token)
+            else:
+                self._pending[token] = holder
+
+    def unpend(self, token: bytes) -> None:
+        """A pickled handle will never be taken (the process it went to ended)."""
+        with self._lock:
+            if self._pending.pop(token, None) is None:
+                return
+        self._close_if_unheld()
+
+    def release(self, holder: int) -> None:
+        """A writer handle of ``holder`` closed; one not counted (a forked copy) changes nothing."""
+        with self._lock:
+            count = self._holds.get(holder, 0)
+            if count == 0:
+                return
+            if count == 1:
+                del self._holds[holder]
+            else:
+                self._holds[holder] = count - 1
+        self._close_if_unheld()
+
+    def _drop_holder(self, holder: int) -> None:
+        with self._lock:
+            held = self._holds.pop(holder, 0)
+            pending = [token for token, pickler in self._pending.items() if pickler == holder]
+            for token in pending:
+                del self._pending[token]
+        if held or pending:
+            self._close_if_unheld()
+
+    def _close_if_unheld(self) -> None:
+        with self._lock:
+            if self._holds or self._pending:
+                return
+        self.close_writer()
+
     def close_writer(self) -> None:
         with self._lock:
             self._closed = True
@@ -113,7 +172,16 @@ class Channel:
         elif op == Q_SIZE:
             request.reply(OK, _SIZE.pack(len(self._items)))
         elif op == Q_CLOSE:
-            self.close_writer()
+            self.release(request.pipe_id)
+            request.reply(OK)
+        elif op == Q_HOLD:
+            self.hold(request.pipe_id, bytes(request.body) or None)
+            request.reply(OK)
+        elif op == Q_PEND:
+            self.pend(request.pipe_id, bytes(request.body))
+            request.reply(OK)
+        elif op == Q_UNPEND:
+            self.unpend(bytes(request.body))
             request.reply(OK)
         else:
             request.reply(ERROR, b"unknown channel operation")
@@ -151,7 +219,8 @@ class Channel:
         self._send(replies)
 
     def drop_requests_of(self, pipe_id: int) -> None:
-        """Forget the parked requests of a connection that closed."""
+        """Forget the parked requests and writer handles of a connection that closed."""
+        self._drop_holder(pipe_id)
         with self._lock:
             gone = [r for r in self._parked_gets if r.pipe_id == pipe_id]
             gone += [r for r, _ in self._parked_puts if r.pipe_id == pipe_id]
@@ -263,12 +332,42 @@ class ChannelRef:
         _, payload = self._request(Q_SIZE, [], _REPLY_GRACE)
         return _SIZE.unpack_from(payload)[0]
 
-    def close_writer(self) -> None:
+    def hold(self, token: bytes | None = None) -> None:
+        """Count a writer handle of this process (``token``: unpickled from a pending one)."""
         channel = self._local()
         if channel is not None:
-            channel.close_writer()
+            channel.hold(LOCAL, token)
         else:
-            self._request(Q_CLOSE, [], _REPLY_GRACE)
+            self._post(Q_HOLD, token or b"")
+
+    def pend(self, token: bytes) -> None:
+        channel = self._local()
+        if channel is not None:
+            channel.pend(LOCAL, token)
+        else:
+            self._post(Q_PEND, token)
+
+    def unpend(self, token: bytes) -> None:
+        channel = self._local()
+        if channel is not None:
+            channel.unpend(token)
+        else:
+            self._post(Q_UNPEND, token)
+
+    def release(self) -> None:
+        """Uncount a writer handle of this process; the last one's release closes the channel."""
+        channel = self._local()
+        if channel is not None:
+            channel.release(LOCAL)
+        else:
+            self._post(Q_CLOSE, b"")
+
+    def _post(self, op: int, body: bytes) -> None:
+        # posted, so ordered with this process's puts; a later flush (every job's exit) delivers it
+        try:
+            get_hub().client(self.address).post(op, self.obj_id, [body])
+        except PeerGone:
+            raise self._owner_gone() from None
 
     def flush(self) -> None:
         """Wait until every item this process put has been stored by the owner."""

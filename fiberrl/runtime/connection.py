@@ -2,17 +2,23 @@
 may be handed to any processes of the run.
 
 Each direction is a channel hosted by the creating process.  ``recv`` raises
-``EOFError`` once the other end has been closed and everything it sent has
-been read.  Closing a handle marks its direction closed when that handle
-was used to send or lives in another process than the creator -- so the
-usual ``child_end.close()`` in the parent after starting the child does not
-cut the child off.
+``EOFError`` once everything sent has been read and every handle that can
+send on that direction is closed, in whatever process it lives: the owner
+counts writer handles as the kernel counts a pipe's write descriptors.  A
+handle pickled for another process counts from the moment it is pickled
+until that process takes it (or, for a process's arguments, until the
+process ends without taking it), so the usual ``child_end.close()`` in the
+parent right after ``start()`` does not cut the child off, and a child that
+exits does not end the pipe for another process that still holds an end.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing.connection
+import os
 import queue
+import threading
 import time
 import weakref
 
@@ -23,7 +29,9 @@ from .hub import current_hub
 WAIT_SLICE = 0.01
 _NOTHING = object()
 _EOF = object()
-_active: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+# the handles of this process that can send, closed when it ends
+_writers: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+_pickling = threading.local()
 
 
 class _Ownership:
@@ -31,18 +39,29 @@ class _Ownership:
 
 
 class Connection:
-    def __init__(self, inbox: ChannelRef | None, outbox: ChannelRef | None, owner: _Ownership | None = None):
+    def __init__(self, inbox: ChannelRef | None, outbox: ChannelRef | None, owner: _Ownership | None = None,
+                 token: bytes | None = None):
         self._inbox = inbox
         self._outbox = outbox
         self._owner = owner
         self._closed = False
         self._buffered = _NOTHING
-        self._active = owner is None  # rebuilt in another process
-        if self._active:
-            _active.add(self)
+        self._release = None
+        if outbox is not None:
+            outbox.hold(token)
+            # a handle dropped without close() is closed, as multiprocessing closes its descriptor
+            self._release = weakref.finalize(self, _release_quietly, outbox)
+            _writers.add(self)
 
     def __reduce__(self):
-        return Connection, (self._inbox, self._outbox)
+        token = None
+        if self._outbox is not None and not self._closed:
+            token = os.urandom(16)
+            self._outbox.pend(token)
+            handed = getattr(_pickling, "handed", None)
+            if handed is not None:
+                handed.append((self._outbox, token))
+        return Connection, (self._inbox, self._outbox, None, token)
 
     @property
     def closed(self) -> bool:
@@ -66,9 +85,6 @@ class Connection:
 
     def send(self, obj) -> None:
         self._check(writable=True)
-        if not self._active:
-            self._active = True
-            _active.add(self)
         self._outbox.put(obj)
 
     def send_bytes(self, buf, offset: int = 0, size: int | None = None) -> None:
@@ -118,12 +134,9 @@ class Connection:
         if self._closed:
             return
         self._closed = True
-        if self._active and self._outbox is not None:
-            try:
-                self._outbox.close_writer()
-            except ConnectionError:
-                pass  # the creator is gone; nobody is left to tell
-        _active.discard(self)
+        if self._release is not None:
+            self._release()
+        _writers.discard(self)
 
     def __enter__(self):
         return self
@@ -177,9 +190,30 @@ def wait(object_list, timeout: float | None = None) -> list:
             ours[0].poll(step)
 
 
+def _release_quietly(outbox: ChannelRef) -> None:
+    if current_hub() is None:
+        return  # the process is ending: its connection's end releases what it held
+    try:
+        outbox.release()
+    except ConnectionError:
+        pass  # the creator is gone; nobody is left to tell
+
+
+@contextlib.contextmanager
+def handing_over():
+    """Collect the writer handles pickled on this thread inside the block, as
+    (channel, token): a process's launch gives back those its job never took."""
+    outer = getattr(_pickling, "handed", None)
+    _pickling.handed = handed = []
+    try:
+        yield handed
+    finally:
+        _pickling.handed = outer
+
+
 def close_active_connections() -> None:
-    """Close what this process sent on, so readers elsewhere see EOF (run at exit)."""
-    for conn in list(_active):
+    """Close the handles this process could send on (run at exit)."""
+    for conn in list(_writers):
         try:
             conn.close()
         except Exception as exc:
@@ -195,4 +229,4 @@ deliver_challenge = multiprocessing.connection.deliver_challenge
 answer_challenge = multiprocessing.connection.answer_challenge
 
 __all__ = ["Client", "Connection", "Listener", "Pipe", "answer_challenge", "close_active_connections",
-           "deliver_challenge", "families", "wait"]
+           "deliver_challenge", "families", "handing_over", "wait"]

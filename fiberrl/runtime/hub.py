@@ -26,8 +26,8 @@ log = logging.getLogger("fiberrl")
 
 # a job's requests over its link
 PING, LAUNCH, REPORT, OUTPUT = 3, 4, 5, 6
-# requests to hosted objects
-Q_PUT, Q_GET, Q_SIZE, Q_CLOSE = 10, 11, 12, 13
+# requests to hosted objects (Q_CLOSE releases one writer handle; a pipe closes with its last)
+Q_PUT, Q_GET, Q_SIZE, Q_CLOSE, Q_HOLD, Q_PEND, Q_UNPEND = 10, 11, 12, 13, 14, 15, 16
 
 
 class Deadlines:

@@ -21,6 +21,7 @@ from . import auth, wire
 from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
 from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
+from .connection import handing_over
 from .hub import get_hub
 from .main_module import check_not_importing_main, preparation_data
 from .meta import resources_of
@@ -183,6 +184,12 @@ class Process(BaseProcess):
         finally:
             os.close(ended)
 
+    def _give_back_at_exit(self, handed) -> None:
+        try:
+            self._backend().wait(self._job, None)
+        finally:
+            _give_back(handed)
+
     def _backend(self):
         return get_backend(self._backend_name)
 
@@ -214,7 +221,8 @@ class Process(BaseProcess):
         process_id = uuid.uuid4().bytes
         prep = preparation_data(self._name)
         try:
-            body = wire.cloudpickle_dumps(self)
+            with handing_over() as handed:
+                body = wire.cloudpickle_dumps(self)
         except Exception as exc:
             raise TypeError(f"cannot send {self._name}'s target and arguments to its job: {exc}") from exc
         hub.offer_launch(process_id, pickle.dumps((prep, body), protocol=5))
@@ -238,8 +246,14 @@ class Process(BaseProcess):
             self._job = start_job(spec, self._backend_name)
         except BaseException:
             hub.withdraw_launch(process_id)
+            _give_back(handed)
             raise
         self._pid = self._job.pid
+        if handed:
+            # pipe ends in its arguments count as held until it takes them; if it dies first,
+            # their readers must still see EOF, as they would when a child's descriptors close
+            threading.Thread(target=self._give_back_at_exit, args=(handed,), daemon=True,
+                             name=f"fiberrl-handover-{self._name}").start()
         _register_exit_hook()
         with _children_lock:
             _children.add(self)
@@ -302,6 +316,14 @@ class _ParentProcess(BaseProcess):
 
 _current: BaseProcess = _MainProcess()
 _parent: BaseProcess | None = None
+
+
+def _give_back(handed) -> None:
+    for channel, token in handed:
+        try:
+            channel.unpend(token)
+        except ConnectionError:
+            pass  # its owner is gone, and the pipe with it
 
 
 def _with_configured_defaults(resources: dict) -> dict:
