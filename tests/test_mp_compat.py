@@ -224,6 +224,47 @@ def test_a_plain_multiprocessing_child_uses_a_queue_and_a_pipe_of_the_run(method
     p.join(30)
 
 
+def send_after(conn, item, delay):
+    time.sleep(delay)
+    conn.send(item)
+
+
+def close_and_linger(conn, linger):
+    conn.close()
+    time.sleep(linger)
+
+
+def test_forked_multiprocessing_children_hold_their_copies_of_a_pipes_end():
+    """As with a pipe's descriptors: each forked child's copy counts until it sends and
+    exits, closes it, or ends unused; the parent closing its own right after start()
+    ends nothing."""
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = mp.Pipe(duplex=False)
+    children = [ctx.Process(target=send_after, args=(writer, i, 0.4 * i)) for i in range(3)]
+    children.append(ctx.Process(target=time.sleep, args=(1.5,)))  # never uses its copy
+    for p in children:
+        p.start()
+    writer.close()
+    got, started = [], time.monotonic()
+    while True:
+        try:
+            got.append(reader.recv())
+        except EOFError:
+            break
+    assert got == [0, 1, 2]
+    assert time.monotonic() - started >= 1.3  # the idle child's copy held it open until it ended
+    for p in children:
+        p.join(30)
+    reader, writer = mp.Pipe(duplex=False)
+    p = ctx.Process(target=close_and_linger, args=(writer, 5.0))
+    p.start()
+    writer.close()
+    assert reader.poll(3)  # both copies closed: EOF while the child still lives
+    with pytest.raises(EOFError):
+        reader.recv()
+    p.join(30)
+
+
 def write_later(path):
     time.sleep(1.0)
     with open(path, "w") as fh:

@@ -332,11 +332,14 @@ class ChannelRef:
         _, payload = self._request(Q_SIZE, [], _REPLY_GRACE)
         return _SIZE.unpack_from(payload)[0]
 
-    def hold(self, token: bytes | None = None) -> None:
-        """Count a writer handle of this process (``token``: unpickled from a pending one)."""
+    def hold(self, token: bytes | None = None, wait: bool = False) -> None:
+        """Count a writer handle of this process (``token``: unpickled from a pending one;
+        ``wait``: return once the owner has counted it)."""
         channel = self._local()
         if channel is not None:
             channel.hold(LOCAL, token)
+        elif wait:
+            self._request(Q_HOLD, [token or b""], _REPLY_GRACE)
         else:
             self._post(Q_HOLD, token or b"")
 

@@ -47,6 +47,7 @@ class Connection:
         self._closed = False
         self._buffered = _NOTHING
         self._release = None
+        self._forked_hold: tuple[ChannelRef, bytes] | None = None
         if outbox is not None:
             outbox.hold(token)
             # a handle dropped without close() is closed, as multiprocessing closes its descriptor
@@ -85,6 +86,12 @@ class Connection:
 
     def send(self, obj) -> None:
         self._check(writable=True)
+        if self._forked_hold is not None:
+            # a forked copy's first send: tie its hold to this process's own connection, so the
+            # pipe ends after what it sent arrives; waited for, so it cannot be overtaken by
+            # the parent's noticing this process end
+            self._outbox.hold(self._forked_hold[1], wait=True)
+            self._forked_hold = None
         self._outbox.put(obj)
 
     def send_bytes(self, buf, offset: int = 0, size: int | None = None) -> None:
@@ -134,7 +141,10 @@ class Connection:
         if self._closed:
             return
         self._closed = True
-        if self._release is not None:
+        if self._forked_hold is not None:  # a forked copy never used: give back the fork's hold
+            self._release.detach()
+            _give_back_quietly(*self._forked_hold)
+        elif self._release is not None:
             self._release()
         _writers.discard(self)
 
@@ -197,6 +207,75 @@ def _release_quietly(outbox: ChannelRef) -> None:
         outbox.release()
     except ConnectionError:
         pass  # the creator is gone; nobody is left to tell
+
+
+def _give_back_quietly(outbox: ChannelRef, token: bytes) -> None:
+    try:
+        outbox.unpend(token)
+    except ConnectionError:
+        pass  # the creator is gone, and the pipe with it
+
+
+class _ForkedCopies:
+    """A forked child holds copies of this process's writer handles, as it would
+    hold copies of a pipe's write descriptors: each counts in the pipe's owner
+    until the child (and whatever it forked in turn) ends or closes it.  The
+    child inherits the write end of a small OS pipe; its read end, here, sees
+    EOF when the last process holding it is gone, and the holds are given back."""
+
+    def __init__(self):
+        self._fork = None
+
+    def before(self) -> None:
+        self._fork = None
+        try:
+            writers = [conn for conn in list(_writers) if not conn._closed]
+            if not writers:
+                return
+            handed = []
+            for conn in writers:
+                token = os.urandom(16)
+                try:
+                    conn._outbox.pend(token)
+                except ConnectionError:
+                    continue  # its creator is gone: nothing left to hold
+                handed.append((conn, token))
+            self._fork = (*os.pipe(), handed)
+        except Exception:
+            logging.getLogger("fiberrl").exception("pipe ends held across fork not counted")
+
+    def in_parent(self) -> None:
+        if self._fork is None:
+            return
+        watch, held_by_child, handed = self._fork
+        self._fork = None
+        os.close(held_by_child)
+        threading.Thread(target=self._give_back_at_eof, args=(watch, [(c._outbox, t) for c, t in handed]),
+                         name="fiberrl-forked-ends", daemon=True).start()
+
+    def in_child(self) -> None:
+        if self._fork is None:
+            return
+        watch, _held_by_this_process_until_it_ends, handed = self._fork
+        self._fork = None
+        os.close(watch)
+        for conn, token in handed:
+            conn._forked_hold = (conn._outbox, token)
+
+    @staticmethod
+    def _give_back_at_eof(watch: int, handed) -> None:
+        try:
+            while os.read(watch, 1):
+                pass
+        finally:
+            os.close(watch)
+            for outbox, token in handed:
+                _give_back_quietly(outbox, token)
+
+
+_forked_copies = _ForkedCopies()
+os.register_at_fork(before=_forked_copies.before, after_in_parent=_forked_copies.in_parent,
+                    after_in_child=_forked_copies.in_child)
 
 
 @contextlib.contextmanager
