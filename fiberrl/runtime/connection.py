@@ -49,7 +49,10 @@ class Connection:
         self._release = None
         self._forked_hold: tuple[ChannelRef, bytes] | None = None
         if outbox is not None:
-            outbox.hold(token)
+            try:
+                outbox.hold(token)
+            except OSError as exc:  # its creator is gone or unreachable: sending will say so
+                logging.getLogger("fiberrl").debug("a pipe's end could not be counted by its creator: %s", exc)
             # a handle dropped without close() is closed, as multiprocessing closes its descriptor
             self._release = weakref.finalize(self, _release_quietly, outbox)
             _writers.add(self)
@@ -58,9 +61,12 @@ class Connection:
         token = None
         if self._outbox is not None and not self._closed:
             token = os.urandom(16)
-            self._outbox.pend(token)
+            try:
+                self._outbox.pend(token)
+            except OSError:
+                token = None  # its creator is gone: there is nothing left to count it
             handed = getattr(_pickling, "handed", None)
-            if handed is not None:
+            if handed is not None and token is not None:
                 handed.append((self._outbox, token))
         return Connection, (self._inbox, self._outbox, None, token)
 
