@@ -376,3 +376,102 @@ def test_no_task_waits_behind_a_blocked_one_while_a_worker_is_free():
     finally:
         shutdown_manager()  # the barrier's: the suite checks each test leaves no process
     assert len(set(pids)) == 9
+
+
+def numbers_then_error(total, when):
+    for i in range(total):
+        if i == when:
+            raise LookupError(f"the input broke at {i}")
+        yield i
+
+
+def test_an_imap_inputs_own_error_takes_the_place_of_the_chunk_it_broke_off():
+    """As multiprocessing: results of the chunks read whole, then the input's own
+    exception where the chunk it interrupted would be; what that chunk had read is not run."""
+    with mp.Pool(2) as pool:
+        it = pool.imap(square, numbers_then_error(20, 7), chunksize=2)
+        assert [next(it) for _ in range(6)] == [x * x for x in range(6)]
+        with pytest.raises(LookupError, match="the input broke at 7"):
+            next(it)
+        with pytest.raises(StopIteration):
+            next(it)
+        it = pool.imap(square, numbers_then_error(20, 7), chunksize=4)
+        assert [next(it) for _ in range(4)] == [x * x for x in range(4)]
+        with pytest.raises(LookupError):
+            next(it)
+        seen = []
+        with pytest.raises(LookupError):
+            for value in pool.imap_unordered(square, numbers_then_error(20, 5), chunksize=4):
+                seen.append(value)
+        assert 16 not in seen and set(seen) <= {0, 1, 4, 9}
+
+
+class RefusesPickling:
+    def __reduce__(self):
+        raise RuntimeError("this object will not be pickled")
+
+
+def test_an_unpicklable_argument_raises_the_picklers_own_exception_naming_the_task():
+    with mp.Pool(2) as pool:
+        with pytest.raises(RuntimeError, match="will not be pickled") as info:
+            pool.map(square, [1, RefusesPickling(), 3], chunksize=1)
+        assert "task 1 of map(square): its arguments cannot be pickled" in info.value.__notes__
+        with pytest.raises(RuntimeError, match="will not be pickled"):
+            pool.apply(square, (RefusesPickling(),))
+        assert pool.map(square, range(3)) == [0, 1, 4]
+
+
+def test_a_pool_dropped_while_running_warns_as_multiprocessing_does():
+    import gc
+    import multiprocessing.pool
+    import warnings
+    pool = mp.Pool(1)
+    assert pool._state == multiprocessing.pool.RUN  # what code written for multiprocessing reads
+    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+        del pool
+        gc.collect()
+    for end in ("close", "terminate"):
+        pool = mp.Pool(1)
+        getattr(pool, end)()
+        pool.join()
+        assert pool._state == getattr(multiprocessing.pool, end.upper())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del pool
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+class Tasks:
+    @classmethod
+    def explode(cls):
+        raise RuntimeError(123)  # this line is in the remote traceback
+
+
+def test_the_remote_traceback_shows_the_source_line_of_a_classmethod_task():
+    import multiprocessing.pool
+    with mp.Pool(1) as pool:
+        with pytest.raises(RuntimeError) as info:
+            pool.apply(Tasks.explode)
+    assert info.value.args == (123,)
+    cause = info.value.__cause__
+    assert type(cause) is multiprocessing.pool.RemoteTraceback
+    assert "raise RuntimeError(123)  # this line is in the remote traceback" in cause.tb
+
+
+def test_wait_and_get_return_only_once_the_callback_has_run():
+    """As multiprocessing: what a callback did (append the result somewhere) is
+    done when wait() or get() returns, even where another thread ran it."""
+    with mp.Pool(1) as pool:
+        for func, arg, kind in ((square, 3, "callback"), (fail_on, 3, "error_callback")):
+            started, seen = threading.Event(), []
+
+            def slow(value, started=started, seen=seen):
+                started.set()
+                time.sleep(0.5)
+                seen.append(value)
+
+            result = pool.map_async(func, [arg], **{kind: slow})
+            assert started.wait(60)  # run by the background reader: this thread reads nothing
+            result.wait(60)
+            assert len(seen) == 1

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import time
+import warnings
 import weakref
+from multiprocessing import pool as mp_pool
 
 from ..meta import resources_of
 from ..process import _register_exit_hook, cpu_count
@@ -49,16 +51,16 @@ class Pool:
         _register_pool_exit_hook()
         # a pool dropped without terminate() takes its workers with it, as in multiprocessing
         self._finalizer = weakref.finalize(self, self._scheduler.terminate)
+        # multiprocessing's attribute and values: code reads pool._state to tell whether a
+        # pool still runs, and __del__ warns by it
+        self._state = mp_pool.RUN
 
     # --- submitting ---------------------------------------------------------
     def _job(self, func, items: list, chunksize: int, star: bool, job) -> None:
         scheduler = self._scheduler
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
-        try:
-            func_id = scheduler.function_id(func)
-        except Exception as exc:
-            raise TypeError(f"{job.description}: the function cannot be pickled: {exc!r}") from exc
+        func_id = _function_id(scheduler, func, job)
         scheduler.submit(scheduler.make_chunks(job, func_id, star, items, chunksize))
 
     def _chunksize(self, n: int, chunksize: int | None) -> int:
@@ -110,10 +112,7 @@ class Pool:
         lookahead = 2 * scheduler._watermark() * chunksize
         job = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
         job.on_consumed = scheduler.wake
-        try:
-            func_id = scheduler.function_id(func)
-        except Exception as exc:
-            raise TypeError(f"{job.description}: the function cannot be pickled: {exc!r}") from exc
+        func_id = _function_id(scheduler, func, job)
         scheduler.submit_lazy(LazyInput(job, iter(iterable), chunksize, func_id, False))
         return job
 
@@ -159,9 +158,12 @@ class Pool:
     def close(self) -> None:
         """No more tasks; workers exit once everything submitted is done."""
         self._scheduler.close()
+        if self._state == mp_pool.RUN:
+            self._state = mp_pool.CLOSE
 
     def terminate(self) -> None:
         """Stop every worker now; results not yet delivered fail with PoolTerminated."""
+        self._state = mp_pool.TERMINATE
         if self._scheduler.state != TERMINATE:
             self._finalizer()
 
@@ -181,6 +183,14 @@ class Pool:
 
     def __repr__(self):
         return f"<fiberrl Pool state={self._scheduler.state} workers={self._scheduler.target_size}>"
+
+    def __del__(self):
+        # a pool made by a failed __init__ has no _state, and nothing to warn of
+        if getattr(self, "_state", None) == mp_pool.RUN:
+            # the text multiprocessing's warning starts with, which warning filters match
+            warnings.warn(f"unclosed running multiprocessing pool {self!r}: its workers are killed now; "
+                          f"close() and join(), or terminate(), a pool once done with it",
+                          ResourceWarning, source=self)
 
 
 _live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
@@ -223,6 +233,15 @@ class _CallWithKeywords:
 
     def __call__(self, *args):
         return self.func(*args, **self.kwds)
+
+
+def _function_id(scheduler: Scheduler, func, job) -> int:
+    try:
+        return scheduler.function_id(func)
+    except Exception as exc:
+        # the pickler's own exception, as multiprocessing gives it: code catches its type
+        exc.add_note(f"{job.description}: the function cannot be pickled")
+        raise
 
 
 def _name(func) -> str:

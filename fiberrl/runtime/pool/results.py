@@ -150,9 +150,8 @@ class AsyncResult(Job):
         self._finish()
 
     def _finish(self) -> None:
-        self._event.set()
-        if self._pump is not None:
-            self._pump.result_ready()
+        # callbacks before the event, as in multiprocessing: whoever wait()s or get()s
+        # may count on what the callback did (appended the result somewhere)
         try:
             if self._error is None and self._callback is not None:
                 self._callback(self._values[0] if self._single else self._values)
@@ -160,6 +159,10 @@ class AsyncResult(Job):
                 self._error_callback(self._error)
         except Exception:
             logging.getLogger("fiberrl.pool").exception("callback of %s raised", self.description)
+        finally:
+            self._event.set()  # even past a KeyboardInterrupt in the callback: nobody waits for ever
+            if self._pump is not None:
+                self._pump.result_ready()
 
 
 class IMapIterator(Job):

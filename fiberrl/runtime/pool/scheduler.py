@@ -130,7 +130,7 @@ class Scheduler:
         self._working = 0  # workers with chunks in flight
         self._lost: deque[Worker] = deque()
         self._lazy: list[LazyInput] = []
-        self._funcs: dict[int, bytes] = {}
+        self._funcs: dict[int, bytearray] = {}
         self._func_ids: dict = {}
         self._chunk_ids = itertools.count()
         self._worker_ids = itertools.count()
@@ -153,7 +153,10 @@ class Scheduler:
             known = None
         if known is not None:
             return known
-        blob = wire.cloudpickle_dumps(func)
+        # by plain pickle where it can (cloudpickle where it cannot, as any message): a
+        # classmethod, which cloudpickle sends by value, then runs the module's own code
+        # in the worker, so that a task's traceback shows its source lines
+        blob = wire.encode(func)
         with self._lock:
             func_id = len(self._funcs)
             self._funcs[func_id] = blob
@@ -171,9 +174,10 @@ class Scheduler:
             try:
                 args = wire.encode(batch)
             except Exception as exc:
+                # the pickler's own exception, as multiprocessing gives it: code catches its type
                 bad = next((i for i, item in enumerate(batch) if not _picklable(item)), 0)
-                job.fail(first + start, len(batch), TypeError(
-                    f"task {first + start + bad} of {job.description}: its arguments cannot be pickled: {exc!r}"))
+                exc.add_note(f"task {first + start + bad} of {job.description}: its arguments cannot be pickled")
+                job.fail(first + start, len(batch), exc)
                 continue
             chunks.append(Chunk(next(self._chunk_ids), job, first + start, len(batch), func_id, star, args))
         return chunks
@@ -480,6 +484,10 @@ class Scheduler:
                     exhausted = True
                 except Exception as exc:
                     exhausted, error = True, exc
+                if error is not None:
+                    # a chunk's results come together, so the input's error takes the place of
+                    # the chunk it broke off, as in multiprocessing: what that chunk had read is dropped
+                    items = []
                 first = lazy.next_index
                 lazy.next_index += len(items)
                 chunks = self.make_chunks(lazy.job, lazy.func_id, lazy.star, items, lazy.chunksize, first)

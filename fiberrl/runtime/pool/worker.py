@@ -16,8 +16,6 @@ from __future__ import annotations
 import struct
 import traceback
 
-import cloudpickle
-
 from .. import wire
 from ..stream import StreamClosed, connect
 from ..transport import OK
@@ -43,7 +41,7 @@ def encode_error(exc: BaseException) -> bytearray:
 
 def load_function(blob):
     try:
-        return cloudpickle.loads(blob)
+        return wire.loads(blob)
     except Exception as exc:
         message = f"the task function could not be loaded in the worker: {exc!r}"
 
