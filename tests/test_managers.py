@@ -420,3 +420,40 @@ def test_a_managers_pool_serves_results_through_proxies():
             assert result.get(30) == [0, 1, 8] and result.ready() and result.successful()
             assert list(pool.imap(cube, range(3))) == [0, 1, 8]
             assert sorted(pool.imap_unordered(cube, range(3))) == [0, 1, 8]
+
+
+def test_an_error_creating_an_object_is_multiprocessings_remote_error_and_its_own_type():
+    """multiprocessing raises RemoteError when the server fails to create an
+    object; the error is of its own type too, for code that catches that."""
+    import pickle
+    from multiprocessing.managers import RemoteError
+    with SyncManager() as manager:
+        for processes in (0, -1):
+            with pytest.raises(RemoteError, match="Number of processes must be at least 1") as info:
+                manager.Pool(processes)
+            assert isinstance(info.value, ValueError)
+            assert "Number of processes" in str(info.value.__cause__)  # the server's traceback
+        copy = pickle.loads(pickle.dumps(info.value))
+        assert type(copy) is ValueError and copy.args == info.value.args
+        with pytest.raises(RemoteError):
+            manager._create("Nope", (), {})
+
+
+def test_proxies_the_manager_itself_holds_are_released():
+    """A proxy that lives in the manager's process (a pool's callback, a proxy
+    stored in a shared dict) releases its object when it goes, though that
+    process never makes a call of its own."""
+    with SyncManager() as manager:
+        shared = manager.dict()
+        shared["inner"] = manager.list([1, 2])
+        gc.collect()
+        assert manager._number_of_objects() == 2
+        del shared["inner"]
+        assert manager._number_of_objects() == 1
+        with manager.Pool(1) as pool:
+            seen = manager.list()
+            pool.map_async(cube, [2], callback=seen.append).wait()
+            assert list(seen) == [[8]]  # the callback ran before wait() returned
+            del seen
+            gc.collect()
+            assert manager._number_of_objects() == 2  # the dict and the pool

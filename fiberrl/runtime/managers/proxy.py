@@ -11,6 +11,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from multiprocessing.managers import RemoteError
 
 from .. import wire
 from ..pool.results import with_remote_traceback
@@ -83,7 +84,7 @@ class ManagerRef:
             payload = conn.reply(call_id, timeout)
         except StreamClosed as exc:
             raise self.gone(exc) from None
-        return _decode(self, payload)
+        return _decode(self, payload, creating=op == M_CREATE)
 
     def make_proxy(self, token: int, exposed: tuple, typeid: str) -> "BaseProxy":
         proxytype = self.proxytypes.get(typeid) or auto_proxy_class(tuple(exposed), self.is_async)
@@ -99,9 +100,17 @@ def _queue_release(address: str, server: str, token: int) -> None:
     _releases.append((address, server, token))
 
 
-def _send_releases() -> None:
+def _send_releases(own_address: str | None = None, release_own=None) -> None:
+    """Send the releases queued in this process; in a manager's process, those of
+    its own server (at ``own_address``) go to ``release_own(token)`` instead."""
     while _releases:
-        address, server, token = _releases.popleft()
+        try:
+            address, server, token = _releases.popleft()
+        except IndexError:
+            return  # another thread sent the last one
+        if address == own_address:
+            release_own(token)
+            continue
         try:
             connection(address, server).call(M_DECREF, token, reply=False)
         except (StreamClosed, PermissionError):
@@ -114,15 +123,46 @@ def create(ref: ManagerRef, typeid: str, args, kwds, manager=None) -> "BaseProxy
     return proxy
 
 
-def _decode(ref: ManagerRef, payload):
+def _decode(ref: ManagerRef, payload, creating: bool = False):
     kind, value = wire.loads(payload)
     if kind == RAISE:
         exc, tb = value
-        raise with_remote_traceback(exc, tb)
+        raise with_remote_traceback(_creation_error(exc) if creating else exc, tb)
     if kind == PROXY:
         token, exposed, typeid = value
         return ref.make_proxy(token, exposed, typeid)
     return value
+
+
+_creation_error_types: dict = {}
+
+
+def _creation_error(exc: BaseException) -> BaseException:
+    """``exc``, raised by the server while creating an object, as an instance of
+    both its own type and ``multiprocessing.managers.RemoteError``: what
+    multiprocessing raises there, so code written for it catches it, and code
+    that catches the error's own type (a ValueError of ``Pool(0)``) still does."""
+    cls = type(exc)
+    if not isinstance(exc, Exception) or isinstance(exc, RemoteError):
+        return exc
+    both = _creation_error_types.get(cls)
+    if both is None:
+        try:
+            both = type(cls.__name__, (cls, RemoteError), {
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                "__str__": cls.__str__,  # its own text, not RemoteError's framing of it
+                # travels as its own type: this one exists only in the process that made it
+                "__reduce__": lambda self: (cls, self.args, self.__dict__ or None)})
+        except TypeError:  # a type that cannot be combined (its layout, or it is final)
+            return exc
+        _creation_error_types[cls] = both
+    try:
+        combined = both.__new__(both, *exc.args)
+        combined.__dict__.update(exc.__dict__)
+    except Exception:  # noqa: BLE001 -- an odd __new__: its own type is what it has
+        return exc
+    combined.args = exc.args
+    return combined
 
 
 class BaseProxy:

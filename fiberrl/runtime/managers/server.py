@@ -56,11 +56,21 @@ class ManagerServer:
         # inline calls run one at a time, whichever stream sent them; others on their stream's thread
         self._call_lock = threading.Lock() if inline else contextlib.nullcontext()
         self.stopped = threading.Event()
+        self.address: str | None = None  # the listener's, once it listens
+        from . import proxy  # imported here: proxy imports this module
+        self._proxy = proxy
+        # releases of proxies held in this process (a pool's callback, a proxy stored in a
+        # shared dict): a client sends its own before its next call, but this process
+        # never calls, so its server sends them as it serves
+        self._held_releases = proxy._releases
 
     def serve(self, stream: Stream) -> None:
         """Serve one stream (one thread of a client process) until it closes."""
+        held_releases = self._held_releases
         while True:
             frame = stream.recv()
+            if held_releases:  # let go of on another thread (a pool's): before a count sees them
+                self._release_held()
             op, call_id, token = HEAD.unpack_from(frame)
             payload = memoryview(frame)[HEAD.size:]
             if op == M_CALL or op == M_CREATE:
@@ -77,6 +87,14 @@ class ManagerServer:
                 self.stopped.set()
             else:
                 _reply(stream, call_id, (RAISE, (ValueError(f"unknown manager op {op}"), "")))
+            if held_releases:  # let go of by this call: before this stream's next one
+                self._release_held()
+
+    def _release_held(self) -> None:
+        self._proxy._send_releases(self.address, self._release_own)
+
+    def _release_own(self, token: int) -> None:
+        self._change_refs(token, -1)
 
     def _run(self, stream: Stream, call_id: int, op: int, token: int, payload) -> None:
         try:
@@ -159,6 +177,7 @@ def serve(registry: dict, inline: bool, address_queue) -> None:
     """The manager process's target: serve on a stream listener, say where, run until shut down."""
     server = ManagerServer(registry, inline)
     listener = Listener(listen_host(), server.serve)
+    server.address = listener.address
     address_queue.put(listener.address)
     server.stopped.wait()
     listener.close()
