@@ -2,6 +2,9 @@
 import logging
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -102,14 +105,29 @@ def test_subclass_run_and_identity():
     assert pid_seen == os_pid == p.pid
 
 
-def test_child_exception_exits_nonzero_and_reaches_parent_log(caplog):
-    caplog.set_level(logging.ERROR, logger="fiberrl")
+FAILING_SCRIPT = """
+import fiberrl.runtime as mp
+
+def raises():
+    raise KeyError("no such thing")
+
+if __name__ == "__main__":
     p = mp.Process(target=raises, name="faulty")
     p.start()
     p.join(30)
-    assert p.exitcode == 1
-    assert wait_until(lambda: "KeyError: 'no such thing'" in caplog.text, 10), caplog.text
-    assert "faulty" in caplog.text and "Traceback" in caplog.text
+    print("exitcode", p.exitcode)
+"""
+
+
+def test_child_exception_exits_nonzero_and_its_traceback_reaches_the_terminal_once(tmp_path):
+    """As multiprocessing: "Process <name>:" and the traceback on the child's
+    stderr, which is the terminal the program was started from."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "exitcode 1" in done.stdout
+    assert done.stderr.count("KeyError: 'no such thing'") == 1, done.stderr
+    assert "Process faulty:\nTraceback (most recent call last):" in done.stderr
 
 
 def test_unpicklable_target_is_a_clear_error_at_start():
@@ -154,3 +172,81 @@ def test_target_that_cannot_be_loaded_in_the_child_is_reported(tmp_path, caplog,
     p.join(30)
     assert p.exitcode == 1
     assert wait_until(lambda: "could not load its target" in caplog.text, 10), caplog.text
+
+
+def waits_for_a_thread(evt):
+    def late():
+        time.sleep(0.5)
+        evt.set()
+    threading.Thread(target=late).start()
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+
+
+def test_a_child_waits_for_its_non_daemonic_threads_before_it_ends():
+    from fiberrl.runtime.synchronize import shutdown_manager
+    try:
+        evt = mp.Event()
+        p = mp.Process(target=waits_for_a_thread, args=(evt,))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0 and evt.is_set()
+    finally:
+        shutdown_manager()  # the event's: the suite checks each test leaves no process
+
+
+def fails_into(path):
+    sys.stderr = open(path, "w")
+    1 / 0  # MARKER
+
+
+def breaks_its_streams(stream_name, exit_with):
+    setattr(sys, stream_name, None)
+    if exit_with is not None:
+        sys.exit(exit_with)
+
+
+def test_a_childs_failure_is_printed_on_its_own_stderr_and_broken_streams_do_not_fail_it(tmp_path):
+    path = tmp_path / "stderr.txt"
+    p = mp.Process(target=fails_into, args=(str(path),))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 1
+    assert "1 / 0  # MARKER" in path.read_text() and "ZeroDivisionError" in path.read_text()
+    for stream_name in ("stdout", "stderr"):
+        for exit_with, code in ((None, 0), ("a message", 1)):
+            p = mp.Process(target=breaks_its_streams, args=(stream_name, exit_with))
+            p.start()
+            p.join(30)
+            assert p.exitcode == code
+
+
+def sends_its_parent(conn):
+    import multiprocessing
+    theirs, ours = multiprocessing.parent_process(), mp.parent_process()
+    conn.send((theirs is ours, theirs.pid, theirs.name, theirs.is_alive()))
+
+
+def test_parent_process_in_a_child_as_multiprocessing_module_gives_it():
+    receiver, sender = mp.Pipe(duplex=False)
+    p = mp.Process(target=sends_its_parent, args=(sender,))
+    p.start()
+    assert receiver.recv() == (True, os.getpid(), mp.current_process().name, True)
+    p.join(30)
+
+
+class Target:
+    def __call__(self, *args):
+        pass
+
+
+def test_a_started_process_lets_go_of_its_target_and_arguments():
+    import gc
+    import weakref
+    target = Target()
+    gone = weakref.ref(target)
+    p = mp.Process(target=target, args=(target,))
+    del target
+    p.start()
+    p.join(30)
+    gc.collect()
+    assert gone() is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import traceback
 
 import cloudpickle
@@ -31,8 +32,29 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code
-    sys.stderr.write(f"{exc.code}\n")
+    try:
+        sys.stderr.write(f"{exc.code}\n")
+    except (AttributeError, ValueError):  # the child set its stderr to None or closed it
+        pass
     return 1
+
+
+def _print_failure(name: str) -> None:
+    """The traceback on this process's stderr, as multiprocessing prints it; where
+    a job's output goes to its parent (forwarded, or a shared terminal), so does this."""
+    try:
+        sys.stderr.write(f"Process {name}:\n")
+        traceback.print_exc()
+    except Exception:  # noqa: BLE001 -- the child replaced or closed its stderr
+        pass
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError):  # the child set it to None or closed it
+            pass
 
 
 def _report(parent: ParentLink, report: str) -> None:
@@ -83,20 +105,23 @@ def main() -> None:
         os._exit(1)
     process_module._become(process)
 
+    # multiprocessing's bootstrap, step for step: code may count on each
     exitcode = 0
     try:
-        process.run()
+        try:
+            process.run()
+        finally:
+            _join_multiprocessing_children()
     except SystemExit as exc:
         exitcode = _exit_code(exc)
     except BaseException:
         exitcode = 1
-        _report(parent, f"Process {process.name} (pid {os.getpid()}) failed:\n{traceback.format_exc()}")
+        _print_failure(process.name)
     finally:
+        threading._shutdown()  # the non-daemonic threads it started end first
         close_active_connections()
-        _join_multiprocessing_children()
         process_module.stop_children(5.0)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_std_streams()
         if forwarder is not None:
             forwarder.stop()
         shutdown_hub()

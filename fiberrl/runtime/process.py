@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import multiprocessing.process
 import os
 import pickle
 import threading
@@ -111,6 +112,7 @@ class Process(BaseProcess):
         # it reaches the child with the pickled process object, in the launch payload
         self._authkey = bytes(parent.authkey)
         self._parent_pid = os.getpid()
+        self._parent_name = parent.name
         self._job = None
         self._backend_name: str | None = None
         self._pid: int | None = None
@@ -249,6 +251,8 @@ class Process(BaseProcess):
             _give_back(handed)
             raise
         self._pid = self._job.pid
+        # as multiprocessing: the parent lets go of what only the child needs
+        del self._target, self._args, self._kwargs
         if handed:
             # pipe ends in its arguments count as held until it takes them; if it dies first,
             # their readers must still see EOF, as they would when a child's descriptors close
@@ -305,13 +309,32 @@ class Process(BaseProcess):
 
 
 class _ParentProcess(BaseProcess):
-    def __init__(self, pid: int):
+    """What ``parent_process()`` gives in a child.  A child ends with its parent
+    (the lifeline), so the parent is alive for as long as anyone here can ask;
+    its sentinel is ready only once this process ends."""
+
+    def __init__(self, pid: int, name: str):
         self._pid = pid
-        self._name = "Parent"
+        self._name = name
+        self._sentinel, self._held_open = os.pipe()
 
     @property
     def pid(self) -> int:
         return self._pid
+
+    @property
+    def sentinel(self) -> int:
+        return self._sentinel
+
+    def is_alive(self) -> bool:
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        from multiprocessing.connection import wait
+        wait([self._sentinel], timeout)
+
+    def __repr__(self):
+        return f"<_ParentProcess name={self._name!r} pid={self._pid}>"
 
 
 _current: BaseProcess = _MainProcess()
@@ -345,7 +368,9 @@ def _become(process: Process) -> None:
     """Called in a child: this process is ``process``."""
     global _current, _parent, _children
     process._pid = os.getpid()
-    _parent = _ParentProcess(process._parent_pid)
+    _parent = _ParentProcess(process._parent_pid, getattr(process, "_parent_name", "MainProcess"))
+    # code written for multiprocessing asks its module (multiprocessing.parent_process())
+    multiprocessing.process._parent_process = _parent
     _current = process
     with _children_lock:
         _children = set()
