@@ -63,3 +63,15 @@ def test_meta_through_subclass_run():
     w.start()
     assert w._job.spec.cpu == 3
     w.join(30)
+
+
+def test_memory_is_fibers_name_for_mem():
+    from fiberrl.runtime.meta import resources_of
+
+    @mp.meta(cpu=1, memory=1000)
+    def as_fiber_writes_it():
+        pass
+
+    assert resources_of(as_fiber_writes_it) == {"cpu": 1, "mem": 1000}
+    with pytest.raises(ValueError, match="mem= or memory="):
+        mp.meta(mem=1, memory=2)

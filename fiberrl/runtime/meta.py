@@ -1,4 +1,4 @@
-"""``@meta(cpu=, gpu=, mem=)``: the resources a function's job needs.
+"""``@meta(cpu=, gpu=, mem=)`` (``memory=`` as Fiber spells it): the resources a function's job needs.
 
 Recorded on the function and copied into the JobSpec of the process (or
 pool worker) that runs it; each backend turns it into its own request.
@@ -11,9 +11,13 @@ _ATTR = "__fiberrl_meta__"
 _KEYS = ("cpu", "gpu", "mem")
 
 
-def meta(*, cpu: float | None = None, gpu: int | None = None, mem: int | None = None):
+def meta(*, cpu: float | None = None, gpu: int | None = None, mem: int | None = None, memory: int | None = None):
     """Declare what the decorated function needs: ``cpu`` cores, ``gpu``
-    devices, ``mem`` MiB of memory."""
+    devices, ``mem`` (or Fiber's ``memory``) MiB of memory."""
+    if memory is not None:
+        if mem is not None:
+            raise ValueError("meta(): give mem= or memory= (the same setting), not both")
+        mem = memory
     for key, value in (("cpu", cpu), ("gpu", gpu), ("mem", mem)):
         if value is None:
             continue
