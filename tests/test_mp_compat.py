@@ -323,3 +323,41 @@ def test_what_multiprocessings_own_suite_found_missing():
             assert conn.recv() == 42
         p.join(30)
     assert p.exitcode == 0
+
+
+def sends_its_logger_level(conn):
+    conn.send(multiprocessing.get_logger().getEffectiveLevel())
+    conn.close()
+
+
+def test_a_multiprocessing_pipe_end_given_to_a_process_is_the_same_pipe_there():
+    """multiprocessing's connections travel as descriptors duplicated through its
+    resource sharer, as its own pickler sends them; plain pickle copied the bare
+    descriptor number, and the child wrote into whatever file had it there."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    logger = multiprocessing.get_logger()
+    before = logger.level
+    logger.setLevel(32)
+    try:
+        p = mp.Process(target=sends_its_logger_level, args=(writer,))
+        p.start()
+        assert reader.poll(30), "nothing came through the pipe"
+        assert reader.recv() == 32
+        p.join(30)
+        assert p.exitcode == 0
+        # and inside a message on the run's queue
+        q = mp.Queue()
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        p = mp.Process(target=sends_what_it_is_given, args=(q,))
+        p.start()
+        q.put(writer)
+        assert reader.poll(30) and reader.recv() == "through the pipe"
+        p.join(30)
+    finally:
+        logger.setLevel(before)
+
+
+def sends_what_it_is_given(q):
+    conn = q.get(timeout=30)
+    conn.send("through the pipe")
+    conn.close()

@@ -219,6 +219,9 @@ class Process(BaseProcess):
             raise AssertionError("cannot start a process twice")
         if self._parent_pid != os.getpid():
             raise AssertionError("can only start a process object created by current process")
+        # first: the secret becomes multiprocessing's authkey, which its resource sharer
+        # (a multiprocessing connection among the arguments) is started with
+        auth.run_secret()
         hub = get_hub()
         process_id = uuid.uuid4().bytes
         prep = preparation_data(self._name)
