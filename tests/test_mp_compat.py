@@ -361,3 +361,44 @@ def sends_what_it_is_given(q):
     conn = q.get(timeout=30)
     conn.send("through the pipe")
     conn.close()
+
+
+def writes_into_shared_memory(block, data):
+    from multiprocessing import shared_memory
+    attached = shared_memory.SharedMemory(block) if isinstance(block, str) else block
+    attached.buf[:len(data)] = data
+    attached.close()
+
+
+def makes_shared_memory(q):
+    from multiprocessing import shared_memory
+    block = shared_memory.SharedMemory(create=True, size=64)
+    block.buf[:3] = b"abc"
+    q.put(block.name)
+    block.close()
+
+
+def test_shared_memory_outlives_the_children_that_attach_to_it_or_make_it():
+    """A job on its parent's host uses the parent's resource tracker, as a
+    multiprocessing spawn child does: one with its own unlinked, as it ended,
+    every block it had attached to (Python registers a block on attach)."""
+    from multiprocessing import shared_memory
+    block = shared_memory.SharedMemory(create=True, size=512)
+    try:
+        for given, data in ((block.name, b"howdy"), (block, b"HELLO")):
+            p = mp.Process(target=writes_into_shared_memory, args=(given, data))
+            p.start()
+            p.join(30)
+            assert p.exitcode == 0 and bytes(block.buf[:5]) == data
+    finally:
+        block.close()
+        block.unlink()  # FileNotFoundError here if a child's tracker had unlinked it
+    q = mp.Queue()
+    p = mp.Process(target=makes_shared_memory, args=(q,))
+    p.start()
+    name = q.get(timeout=30)
+    p.join(30)
+    made = shared_memory.SharedMemory(name)  # still there once its maker has ended
+    assert bytes(made.buf[:3]) == b"abc"
+    made.close()
+    made.unlink()

@@ -18,6 +18,7 @@ from .lifeline import watch_parent
 from .main_module import import_parents_main, refused_start
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .parent_link import ParentLink
+from .resource_tracking import TRACKER_ENV, use_parents_tracker
 from .transport import OK, PeerGone
 
 
@@ -91,6 +92,7 @@ def main() -> None:
     watch_parent(parent)
     forwarder = OutputForwarder(parent, OUTPUT) if os.environ.pop(FORWARD_OUTPUT_ENV, None) else None
 
+    use_parents_tracker(os.environ.pop(TRACKER_ENV, None))  # before its arguments attach to shared memory
     prep, body = pickle.loads(payload)
     try:
         import_parents_main(prep)

@@ -27,7 +27,8 @@ DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
 RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_RUN_ID", "FIBERRL_PARENT_ADDRESS",
                 "FIBERRL_PROCESS_ID", "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME",
-                "FIBERRL_POD_NAMESPACE", "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", FILE_ENV}
+                "FIBERRL_POD_NAMESPACE", "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", "FIBERRL_RESOURCE_TRACKER",
+                FILE_ENV}
 
 
 class ConfigError(ValueError):

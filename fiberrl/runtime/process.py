@@ -27,6 +27,7 @@ from .hub import get_hub
 from .main_module import check_not_importing_main, preparation_data
 from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
+from .resource_tracking import TRACKER_ENV, describe_for_children
 
 PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
 PROCESS_ID_ENV = "FIBERRL_PROCESS_ID"
@@ -237,6 +238,7 @@ class Process(BaseProcess):
             PARENT_ADDRESS_ENV: hub.child_address,
             PROCESS_ID_ENV: process_id.hex(),
             CONFIG_ENV: serialize(get_config()),
+            TRACKER_ENV: describe_for_children(),
         })
         resources = self._resources or (resources_of(self._target) if self._target is not None
                                         else resources_of(type(self).run))
