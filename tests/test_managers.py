@@ -1,6 +1,7 @@
 """Managers: shared objects in a job-backed server process, used through proxies."""
 import gc
 import os
+import re
 import signal
 import socket
 import struct
@@ -457,3 +458,34 @@ def test_proxies_the_manager_itself_holds_are_released():
             del seen
             gc.collect()
             assert manager._number_of_objects() == 2  # the dict and the pool
+
+
+def test_iterating_a_shared_list_or_dict_sees_it_as_it_is_when_it_gets_there():
+    """As multiprocessing's proxies: the iteration lives in the manager (a change
+    ahead of it is seen, a dict that changed size is an error), taken in batches."""
+    with SyncManager() as manager:
+        items = manager.list(range(10))
+        it = iter(items)
+        assert list(it) == list(range(10)) and list(it) == []
+        it = iter(items)
+        items[0] = 100
+        assert next(it) == 100
+        shared = manager.dict({i: i for i in range(5)})
+        assert list(shared) == list(range(5))
+        it = iter(shared)
+        shared.clear()
+        with pytest.raises(RuntimeError, match="changed size during iteration"):
+            next(it)
+        assert sum(manager.list(range(3000))) == sum(range(3000))
+        assert type(items._getvalue()) is list and type(shared._getvalue()) is dict
+        del it
+        gc.collect()
+        assert manager._number_of_objects() == 2  # the iterations are let go
+
+
+def test_a_proxys_repr_and_the_managers_debug_info_in_multiprocessings_form():
+    with SyncManager() as manager:
+        event = manager.Event()
+        assert re.match(r"<EventProxy object, typeid 'Event' at 0x[0-9a-f]+; #1 in SyncManager", repr(event))
+        assert re.fullmatch(r"  1:       refcount=1\n    <threading.Event at 0x[0-9a-f]+: unset>",
+                            manager._debug_info())

@@ -18,8 +18,9 @@ from ..config import get_config
 from ..process import Process
 from ..queues import Queue
 from .proxy import BaseProxy, ManagerError, ManagerRef, create
-from .server import M_COUNT, M_SHUTDOWN, serve
-from .sync_types import POOL_RESULTS, SYNC_TYPES, AsyncResultProxy, IteratorProxy, PoolProxy, _pool
+from .server import M_COUNT, M_DEBUG_INFO, M_SHUTDOWN, serve
+from .sync_types import (CONTAINER_RESULTS, POOL_RESULTS, SYNC_TYPES, AsyncResultProxy, BatchesProxy, IteratorProxy,
+                         PoolProxy, _pool)
 
 # how long a shut-down server gets to exit before it is killed
 SHUTDOWN_GRACE = 5.0
@@ -110,6 +111,10 @@ class BaseManager:
         """How many objects the server holds (for tests and debugging)."""
         return self._ref.request(M_COUNT, 0)
 
+    def _debug_info(self) -> str:
+        """What the server holds, an object and its count of proxies each (for debugging)."""
+        return self._ref.request(M_DEBUG_INFO, 0)
+
     def __enter__(self):
         if self._process is None:
             self.start()
@@ -188,7 +193,9 @@ class SyncManager(BaseManager):
 
 
 for _typeid, (_callable, _proxytype) in SYNC_TYPES.items():
-    SyncManager.register(_typeid, _callable, _proxytype)
+    SyncManager.register(_typeid, _callable, _proxytype,
+                         method_to_typeid=CONTAINER_RESULTS if _typeid in ("dict", "list") else None)
+SyncManager.register("Batches", proxytype=BatchesProxy, create_method=False)
 SyncManager.register("Pool", _pool, PoolProxy, method_to_typeid=POOL_RESULTS)
 SyncManager.register("AsyncResult", proxytype=AsyncResultProxy, create_method=False)
 SyncManager.register("Iterator", proxytype=IteratorProxy, exposed=("__next__", "next"), create_method=False)

@@ -199,7 +199,9 @@ class BaseProxy:
                           self._exposed)
 
     def __repr__(self):
-        return f"<{type(self).__name__} of {self._typeid!r} #{self._token} in {self._ref.name}>"
+        # multiprocessing's form, which code and tests match, then which object of which manager
+        return (f"<{type(self).__name__} object, typeid {self._typeid!r} at {id(self):#x}; "
+                f"#{self._token} in {self._ref.name}>")
 
     def __str__(self):
         try:

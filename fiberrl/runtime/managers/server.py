@@ -22,7 +22,7 @@ from ..calls import CALL_ID, HEAD
 from ..listener import Listener
 from ..stream import Stream, StreamClosed
 
-M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT = range(1, 7)
+M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT, M_DEBUG_INFO = range(1, 8)
 # a call: op, call id (0: no reply wanted), object token; then its pickled arguments
 # a call: op, call id, token; a reply: the call it answers, then the pickled reply
 GETVALUE = "#getvalue"  # a copy of the object itself
@@ -82,6 +82,8 @@ class ManagerServer:
                 _reply(stream, call_id, (RETURN, self._change_refs(token, 1)))
             elif op == M_COUNT:
                 _reply(stream, call_id, (RETURN, len(self._objects)))
+            elif op == M_DEBUG_INFO:
+                _reply(stream, call_id, (RETURN, self._debug_info()))
             elif op == M_SHUTDOWN:
                 _reply(stream, call_id, (RETURN, None))
                 self.stopped.set()
@@ -113,6 +115,12 @@ class ManagerServer:
             raise TypeError(f"{typeid!r} is registered without a callable: only a method's result is of it")
         obj = factory(*args, **kwargs)
         return (PROXY, self._store(obj, exposed, method_to_typeid) + (typeid,))
+
+    def _debug_info(self) -> str:
+        """The objects held, a line each with its count of proxies (multiprocessing's form)."""
+        with self._lock:
+            held = list(self._objects.items())
+        return "\n".join(f"  {token}:       refcount={entry.refs}\n    {_shown(entry.obj)}" for token, entry in held)
 
     def _store(self, obj, exposed, method_to_typeid) -> tuple:
         exposed = tuple(exposed) if exposed is not None else public_methods(obj)
@@ -171,6 +179,13 @@ def _portable_error(exc: BaseException) -> tuple:
         return exc, tb
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc} (the exception could not be pickled)"), tb
+
+
+def _shown(obj) -> str:
+    try:
+        return str(obj)[:75]
+    except Exception as exc:  # noqa: BLE001 -- the user's __str__
+        return f"<{type(obj).__name__}: str() failed: {exc!r}>"
 
 
 def serve(registry: dict, inline: bool, address_queue) -> None:

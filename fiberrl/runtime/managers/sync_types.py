@@ -3,6 +3,8 @@ what the server holds, and the proxies that make them look local."""
 from __future__ import annotations
 
 import array
+import collections
+import itertools
 import queue
 import threading
 import time
@@ -38,8 +40,35 @@ def Array(typecode, sequence, lock=True):  # noqa: N802 -- the multiprocessing n
     return array.array(typecode, sequence)
 
 
+class Batches:
+    """An iteration over a shared container, held by the server: a proxy takes its
+    items a few at a time, so it sees the container as it is when it reaches them
+    (a list changed ahead of it, a dict that changed size is an error), as
+    multiprocessing's proxies do, without a round trip per item."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def take(self, n: int) -> list:
+        return list(itertools.islice(self._iterator, n))
+
+
+class SharedList(list):
+    def iterate(self) -> Batches:
+        return Batches(iter(self))
+
+    def __reduce_ex__(self, protocol):
+        return list, (list(self),)  # a copy (_getvalue()) is a list, as in multiprocessing
+
+
 class SharedDict(dict):
     """A dict whose views travel as lists (a view cannot be pickled)."""
+
+    def iterate(self) -> Batches:
+        return Batches(iter(self))
+
+    def __reduce_ex__(self, protocol):
+        return dict, (dict(self),)
 
     def keys(self):
         return list(super().keys())
@@ -56,18 +85,18 @@ def shared_dict(*args, **kwds):
 
 
 @forwarding("__contains__", "__delitem__", "__getitem__", "__len__", "__setitem__", "clear", "copy", "get",
-            "items", "keys", "pop", "popitem", "setdefault", "update", "values", also=("__repr__",))
+            "items", "keys", "pop", "popitem", "setdefault", "update", "values", also=("__repr__", "iterate"))
 class DictProxy(BaseProxy):
     def __iter__(self):
-        return iter(self.keys())
+        return _RemoteIteration(self._callmethod("iterate"))
 
 
 @forwarding("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__", "__rmul__",
             "__setitem__", "append", "count", "extend", "index", "insert", "pop", "remove", "reverse", "sort",
-            "copy", also=("__imul__", "__repr__"))
+            "copy", also=("__imul__", "__repr__", "iterate"))
 class ListProxy(BaseProxy):
     def __iter__(self):
-        return iter(self.copy())
+        return _RemoteIteration(self._callmethod("iterate"))
 
     def __iadd__(self, other):
         self._callmethod("extend", (other,))
@@ -162,6 +191,38 @@ class PoolProxy(BaseProxy):
         self.terminate()
 
 
+@forwarding("take")
+class BatchesProxy(BaseProxy):
+    pass
+
+
+class _RemoteIteration:
+    """The client's side of :class:`Batches`: one item, then batches growing to ``MOST``."""
+
+    MOST = 256
+
+    def __init__(self, batches: BatchesProxy):
+        self._batches = batches
+        self._buffered: collections.deque = collections.deque()
+        self._next_batch = 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._buffered:
+            if self._batches is None:
+                raise StopIteration
+            taken = self._batches.take(self._next_batch)
+            if len(taken) < self._next_batch:
+                self._batches = None  # exhausted: the server's iteration is let go
+            self._next_batch = min(self._next_batch * 4, self.MOST)
+            if not taken:
+                raise StopIteration
+            self._buffered.extend(taken)
+        return self._buffered.popleft()
+
+
 @forwarding("get", "wait", "ready", "successful")
 class AsyncResultProxy(BaseProxy):
     pass
@@ -181,6 +242,9 @@ def _pool(*args, **kwds):
     return Pool(*args, **kwds)
 
 
+# an iteration over a shared dict or list stays in the manager, taken in batches
+CONTAINER_RESULTS = {"iterate": "Batches"}
+
 # what a manager's pool returns stays in the manager, reached through these proxies
 POOL_RESULTS = {"apply_async": "AsyncResult", "map_async": "AsyncResult", "starmap_async": "AsyncResult",
                 "imap": "Iterator", "imap_unordered": "Iterator"}
@@ -188,7 +252,7 @@ POOL_RESULTS = {"apply_async": "AsyncResult", "map_async": "AsyncResult", "starm
 # typeid -> (callable, proxytype); a proxytype exposes its _exposed_, None all public methods
 SYNC_TYPES = {
     "dict": (shared_dict, DictProxy),
-    "list": (list, ListProxy),
+    "list": (SharedList, ListProxy),
     "Namespace": (Namespace, NamespaceProxy),
     "Value": (Value, ValueProxy),
     "Array": (Array, ArrayProxy),
