@@ -137,3 +137,14 @@ def test_log_file_takes_the_log_of_every_process(tmp_path):
     assert p.exitcode == 0
     text = path.read_text()
     assert "written by the parent" in text and "written by the child" in text
+
+
+def test_assigning_a_fiber_config_key_sets_the_setting():
+    config.cpu_per_job = 3
+    config.log_level = logging.WARNING
+    assert mp.get_config().cpu_per_job == 3.0 and mp.get_config().log_level == "WARNING"
+    with pytest.raises(mp.ConfigError, match="cpu_per_job"):
+        config.cpu_per_job = -1
+    with pytest.raises(mp.ConfigError, match="'use_push_queue' has no meaning in fiberrl"):
+        config.use_push_queue = True
+    assert mp.get_config().cpu_per_job == 3.0  # a refused value changes nothing

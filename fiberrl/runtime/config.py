@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, fields
 
@@ -330,3 +331,17 @@ def __getattr__(name: str):
     if name in _FIBER_ONLY:
         raise AttributeError(f"Fiber's setting {name!r} has no meaning in fiberrl")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _ConfigModule(types.ModuleType):
+    """Assigning ``fiberrl.runtime.config.<key> = value`` sets the setting, as
+    Fiber's ``fiber.config.<key> = value`` did (it was a module of globals)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _KEYS or name in _FIBER_ONLY or name in ("debug", "default_backend", "default_image"):
+            init(**{name: value})
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ConfigModule
