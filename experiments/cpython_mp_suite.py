@@ -17,6 +17,8 @@ import multiprocessing
 import test._test_multiprocessing as suite
 
 import fiberrl.runtime as fiberrl
+from fiberrl.runtime import sharedctypes
+from fiberrl.runtime.synchronize import shutdown_manager
 
 _SAME_NAMES = ("current_process", "parent_process", "active_children", "Pool", "Pipe", "Queue", "JoinableQueue",
                "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier", "Value", "Array",
@@ -31,6 +33,8 @@ def _point_the_suite_at_fiberrl() -> None:
         setattr(mixin, name, staticmethod(getattr(fiberrl, name)))
     # the manager flavour makes its manager with multiprocessing.Manager() in setUpClass
     suite.multiprocessing.Manager = fiberrl.Manager
+    # the shared ctypes tests call the module's own import, multiprocessing.sharedctypes.Value
+    suite.Value = sharedctypes.Value
 
 
 _point_the_suite_at_fiberrl()
@@ -41,3 +45,11 @@ suite.install_tests_in_module_dict(globals(), "spawn", only_type="manager")
 # closes descriptors of this process and every test after it fails
 del WithProcessesTestPicklingConnections  # noqa: F821
 _ = multiprocessing  # the suite's own module-level checks still use it
+_suite_teardown = tearDownModule  # noqa: F821 -- installed above
+
+
+def tearDownModule():  # noqa: N802,F811 -- unittest's name, which pytest calls
+    # the process's manager of module-level Lock, Value...: multiprocessing has no such process,
+    # and the suite's teardown waits for every holder of the resource tracker to end
+    shutdown_manager()
+    _suite_teardown()

@@ -402,3 +402,51 @@ def test_shared_memory_outlives_the_children_that_attach_to_it_or_make_it():
     assert bytes(made.buf[:3]) == b"abc"
     made.close()
     made.unlink()
+
+
+class Point(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_double), ("y", ctypes.c_double)]
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [("ends", Point * 2), ("label", ctypes.c_char * 8)]
+
+
+def modify(n, x, s, points, segment):
+    # the Python documentation's sharedctypes example, and a nested structure
+    n.value **= 2
+    x.value **= 2
+    s.value = s.value.upper()
+    for a in points:
+        a.x **= 2
+        a.y **= 2
+    segment.ends[1].y = 7.5
+    segment.label = b"moved"
+
+
+def test_shared_char_arrays_and_structures_as_multiprocessing_sharedctypes_makes_them():
+    from fiberrl.runtime.sharedctypes import Array, RawValue, Value
+    lock = mp.Lock()
+    n = Value("i", 7)
+    x = Value(ctypes.c_double, 1.0 / 3.0, lock=False)
+    s = Array("c", b"hello world", lock=lock)
+    points = Array(Point, [(1.875, -6.25), (-5.75, 2.0), (2.375, 9.5)], lock=lock)
+    segment = RawValue(Segment)
+    p = mp.Process(target=modify, args=(n, x, s, points, segment))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    assert (n.value, x.value, s.value) == (49, 1.0 / 9.0, b"HELLO WORLD")
+    assert [(a.x, a.y) for a in points] == [(3.515625, 39.0625), (33.0625, 4.0), (5.640625, 90.25)]
+    assert (segment.ends[1].y, segment.ends[0].y, segment.label) == (7.5, 0.0, b"moved")
+    # a char array reads as ctypes' does
+    assert (s[0], s[-1], s[:5], len(s), s.raw) == (b"H", b"D", b"HELLO", 11, b"HELLO WORLD")
+    with pytest.raises(IndexError):
+        s[11]
+    s.value = b"hi"
+    assert s.raw == b"hi\x00LO WORLD" and s.value == b"hi"
+    assert s.get_lock() is lock and points[-1].x == 5.640625
+    copy = points[1].get_copy()
+    assert isinstance(copy, Point) and (copy.x, copy.y) == (33.0625, 4.0)
+    with pytest.raises(AttributeError):
+        points[0].z

@@ -17,6 +17,7 @@ import threading
 from multiprocessing.sharedctypes import typecode_to_type
 
 from .managers import SyncManager
+from .shared_ctypes import SharedCtypes, array_type, describe, is_compound
 
 _manager: SyncManager | None = None
 _manager_pid: int | None = None
@@ -93,15 +94,30 @@ def _typecode(typecode_or_type) -> str:
                         f"numbers ({', '.join(sorted(t.__name__ for t in _TYPECODES))})") from None
 
 
+def _held(ctype, args) -> SharedCtypes:
+    return SharedCtypes(_run_manager().HeldCtypes(describe(ctype), args), ctype)
+
+
+def _holds_numbers(typecode_or_type) -> bool:
+    """Whether a Value or Array of this type is plain numbers (an ``array`` typecode); a
+    ctypes structure, union or char array is held whole instead (shared_ctypes)."""
+    code = typecode_or_type if isinstance(typecode_or_type, str) else _TYPECODES.get(typecode_or_type)
+    return code is None or code != "c"
+
+
 def RawValue(typecode_or_type, *args):  # noqa: N802
-    """A shared number (``.value``) with no lock."""
+    """A shared number (``.value``) with no lock; or a shared ctypes structure (its fields)."""
+    if is_compound(typecode_or_type):
+        return _held(typecode_or_type, args)
     code = _typecode(typecode_or_type)
     initial = typecode_to_type[code](*args).value  # as ctypes converts it (0 when not given)
     return _run_manager().Value(code, initial)
 
 
 def RawArray(typecode_or_type, size_or_initializer):  # noqa: N802
-    """A shared array of numbers with no lock."""
+    """A shared array of numbers with no lock; or of chars (``.value``, ``.raw``) or structures."""
+    if is_compound(typecode_or_type) or not _holds_numbers(typecode_or_type):
+        return _held(*array_type(typecode_or_type, size_or_initializer))
     code = _typecode(typecode_or_type)
     if isinstance(size_or_initializer, int):
         size_or_initializer = [0] * size_or_initializer
@@ -111,7 +127,10 @@ def RawArray(typecode_or_type, size_or_initializer):  # noqa: N802
 def Value(typecode_or_type, *args, lock=True):  # noqa: N802
     """A shared number, ``.value``, with its lock (``get_lock()``) unless ``lock=False``."""
     raw = RawValue(typecode_or_type, *args)
-    return raw if lock is False else Synchronized(raw, _lock_of(lock))
+    if lock is False:
+        return raw
+    wrapper = SynchronizedCtypes if isinstance(raw, SharedCtypes) else Synchronized
+    return wrapper(raw, _lock_of(lock))
 
 
 def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
@@ -119,6 +138,8 @@ def Array(typecode_or_type, size_or_initializer, *, lock=True):  # noqa: N802
     raw = RawArray(typecode_or_type, size_or_initializer)
     if lock is False:
         return raw
+    if isinstance(raw, SharedCtypes):
+        return SynchronizedCtypes(raw, _lock_of(lock))
     return SynchronizedArray(raw, _lock_of(lock), _typecode(typecode_or_type))
 
 
@@ -188,3 +209,31 @@ class SynchronizedArray(SynchronizedBase):
 
     def __iter__(self):
         return iter(self[:])
+
+
+class SynchronizedCtypes(SynchronizedBase):
+    """A shared ctypes structure or char array with its lock: fields, items,
+    ``.value`` and ``.raw`` read and written through, as multiprocessing's wrappers do."""
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._obj, name)
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._obj, name, value)
+
+    def __len__(self):
+        return len(self._obj)
+
+    def __getitem__(self, index):
+        return self._obj[index]
+
+    def __setitem__(self, index, value):
+        self._obj[index] = value
+
+    def __iter__(self):
+        return iter(self._obj)
