@@ -99,6 +99,7 @@ class _MainProcess(BaseProcess):
 class Process(BaseProcess):
     _counter = itertools.count(1)
     _resources: dict | None = None  # set by a Pool for its workers
+    _stop_after_children = None  # how to stop a child that serves the others, at exit (stop_children)
 
     def __init__(self, group=None, target=None, name=None, args=(), kwargs=None, *, daemon=None):
         if group is not None:
@@ -393,12 +394,18 @@ def cpu_count() -> int:
 
 
 def stop_children(join_timeout: float | None = None) -> None:
-    """multiprocessing's exit rule: terminate daemonic children, join the others."""
+    """multiprocessing's exit rule: terminate daemonic children, join the others.  A child
+    that serves the others (the manager of module-level Lock, Value...: in multiprocessing
+    they are shared memory, which outlives every process) is stopped after them, its own way."""
+    serving = [p for p in active_children() if p._stop_after_children is not None]
     for p in active_children():
-        if p.daemon:
+        if p.daemon and p not in serving:
             p.terminate()
     for p in active_children():
-        p.join(None if not p.daemon else 1.0)
+        if p not in serving:
+            p.join(None if not p.daemon else 1.0)
+    for p in serving:
+        p._stop_after_children()
     for p in active_children():
         p.kill()
         p.join(join_timeout)

@@ -32,6 +32,10 @@ def _run_manager() -> SyncManager:
         if _manager is None or _manager_pid != os.getpid():
             manager = SyncManager()
             manager.start()
+            # children the program never joined may still use its objects as it exits: it
+            # stops after them (stop_children), not with the other daemonic children
+            manager._finalizer.atexit = False
+            manager._process._stop_after_children = shutdown_manager
             _manager, _manager_pid = manager, os.getpid()
         return _manager
 
