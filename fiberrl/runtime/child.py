@@ -2,6 +2,7 @@
 fetch the pickled ``Process``, become it, run it, exit with its code."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
@@ -20,6 +21,8 @@ from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .parent_link import ParentLink
 from .resource_tracking import TRACKER_ENV, use_parents_tracker
 from .transport import OK, PeerGone
+
+log = logging.getLogger("fiberrl")
 
 
 def _fail(message: str) -> None:
@@ -106,6 +109,7 @@ def main() -> None:
                             f"{traceback.format_exc()}")
         os._exit(1)
     process_module._become(process)
+    log.info("child process calling self.run()")  # multiprocessing's words, which programs' logs show
 
     # multiprocessing's bootstrap, step for step: code may count on each
     exitcode = 0
@@ -121,6 +125,7 @@ def main() -> None:
         _print_failure(process.name)
     finally:
         threading._shutdown()  # the non-daemonic threads it started end first
+        log.info("process exiting with exitcode %d", exitcode)
         close_active_connections()
         process_module.stop_children(5.0)
         _flush_std_streams()

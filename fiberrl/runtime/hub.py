@@ -69,7 +69,9 @@ class Deadlines:
 class Hub:
     def __init__(self):
         config = get_config()
-        logging.getLogger("fiberrl").setLevel(config.log_level.upper())
+        logger = logging.getLogger("fiberrl")
+        if logger.level == logging.NOTSET:  # a level the program set (logger.setLevel) stands
+            logger.setLevel(config.log_level.upper())
         self.pid = os.getpid()
         self._objects: dict[bytes, object] = {}
         self._launches: dict[bytes, bytes] = {}

@@ -3,6 +3,7 @@ spawn hands it over (the main script's path or module name, sys.path, the
 working directory), and the import itself."""
 from __future__ import annotations
 
+import logging
 import multiprocessing.spawn
 import os
 import sys
@@ -12,6 +13,12 @@ import threading
 def preparation_data(name: str) -> dict:
     prep = multiprocessing.spawn.get_preparation_data(name)
     prep.pop("authkey", None)  # jobs authenticate with the run's secret, not this
+    # the runtime's logger as multiprocessing hands its own to a spawn child: its level and
+    # whether it prints on stderr (log_to_stderr)
+    logger = logging.getLogger("fiberrl")
+    if logger.level != logging.NOTSET:
+        prep["fiberrl_log_level"] = logger.level
+    prep["fiberrl_log_to_stderr"] = any(getattr(h, "_fiberrl_stderr", False) for h in logger.handlers)
     path = prep.get("init_main_from_path")
     if path is not None and not os.path.isfile(path):
         # a script read from stdin ("<stdin>") has no file to import again; its
@@ -28,6 +35,11 @@ def import_parents_main(prep: dict) -> None:
     """Import the parent's main module as ``__mp_main__``, as every job does to
     find its target (and the fork server once for all of them)."""
     global _importing
+    if prep.get("fiberrl_log_to_stderr"):
+        from .context import log_to_stderr
+        log_to_stderr()
+    if "fiberrl_log_level" in prep:
+        logging.getLogger("fiberrl").setLevel(prep["fiberrl_log_level"])
     _importing = True
     try:
         multiprocessing.spawn.prepare(prep)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import queue
 import time
@@ -21,6 +22,8 @@ from .proxy import BaseProxy, ManagerError, ManagerRef, create
 from .server import M_COUNT, M_DEBUG_INFO, M_SHUTDOWN, serve
 from .sync_types import (CONTAINER_RESULTS, POOL_RESULTS, SYNC_TYPES, AsyncResultProxy, BatchesProxy, IteratorProxy,
                          PoolProxy, _pool)
+
+log = logging.getLogger("fiberrl")
 
 # how long a shut-down server gets to exit before it is killed
 SHUTDOWN_GRACE = 5.0
@@ -177,6 +180,7 @@ def _await_address(process: Process, ready: Queue, timeout: float) -> str:
 
 def _stop_server(process: Process, ref: ManagerRef) -> None:
     if process.exitcode is None:
+        log.info("sending shutdown message to manager")
         try:
             ref.request(M_SHUTDOWN, 0, timeout=SHUTDOWN_GRACE)
         except (ManagerError, TimeoutError):

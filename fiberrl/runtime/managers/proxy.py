@@ -271,6 +271,7 @@ def auto_proxy_class(exposed: tuple, is_async: bool) -> type:
     if cls is None:
         namespace = {name: _forwarder(name, is_async) for name in exposed}
         namespace["_auto"] = True
+        namespace["_exposed_"] = exposed  # as multiprocessing's AutoProxy
         cls = type("AsyncProxy" if is_async else "AutoProxy", (BaseProxy,), namespace)
         _auto_classes[key] = cls
     return cls

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 import traceback
 
@@ -21,6 +22,8 @@ from ..backends import listen_host
 from ..calls import CALL_ID, HEAD
 from ..listener import Listener
 from ..stream import Stream, StreamClosed
+
+log = logging.getLogger("fiberrl")
 
 M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT, M_DEBUG_INFO = range(1, 8)
 # a call: op, call id (0: no reply wanted), object token; then its pickled arguments
@@ -193,7 +196,9 @@ def serve(registry: dict, inline: bool, address_queue) -> None:
     server = ManagerServer(registry, inline)
     listener = Listener(listen_host(), server.serve)
     server.address = listener.address
+    log.info("manager serving at %r", listener.address)
     address_queue.put(listener.address)
     server.stopped.wait()
+    log.info("manager shutting down")
     listener.close()
     server.close()
