@@ -4,6 +4,8 @@ first use), start methods and contexts, its exceptions and its logger."""
 import ctypes
 import logging
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -450,3 +452,28 @@ def test_shared_char_arrays_and_structures_as_multiprocessing_sharedctypes_makes
     assert isinstance(copy, Point) and (copy.x, copy.y) == (33.0625, 4.0)
     with pytest.raises(AttributeError):
         points[0].z
+
+
+def notifies_then_interrupts(condition, pid):
+    with condition:
+        condition.notify()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGINT)
+
+
+def test_ctrl_c_in_a_condition_wait_gives_the_lock_back_at_once():
+    """As multiprocessing's Condition (CPython's test_wait_result): the wait raises
+    KeyboardInterrupt holding the lock, and the with block's release does not wait
+    behind the manager's side of the wait (its 60 s)."""
+    condition = mp.Condition()
+    with condition:
+        p = mp.Process(target=notifies_then_interrupts, args=(condition, os.getpid()))
+        p.start()
+        assert condition.wait(60) is True
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            condition.wait(60)
+    assert time.monotonic() - started < 10
+    p.join(30)
+    with condition:  # it still works: nothing waits on its own
+        assert condition.wait(0.1) is False

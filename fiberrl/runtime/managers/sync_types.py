@@ -2,14 +2,18 @@
 what the server holds, and the proxies that make them look local."""
 from __future__ import annotations
 
+import _thread
 import array
 import collections
 import itertools
+import os
 import queue
 import threading
 import time
 
 from .proxy import BaseProxy, forwarding
+
+_CANCEL_GRACE = 10.0  # how long an interrupted wait waits for its cancellation to be sent
 
 
 class Namespace:
@@ -150,8 +154,69 @@ class AcquirerProxy(BaseProxy):
         self.release()
 
 
-@forwarding("wait", "notify", "notify_all")
+class ServedCondition(threading.Condition):
+    """threading's Condition, whose wait a client may cancel: a proxy interrupted
+    (Ctrl-C) as it waits cancels its wait, so the server's thread for that client
+    takes the lock back and serves its next call (the ``with`` block's release) at
+    once, as multiprocessing's Condition takes the lock back before the interrupt
+    goes on.  The wait is threading's own, with its waiter kept by the caller's id."""
+
+    def __init__(self, lock=None):
+        super().__init__(lock)
+        self._cancellable: dict = {}  # wait id -> its waiter
+        self._cancelled: set = set()
+
+    def cancellable_wait(self, timeout, wait_id) -> bool:
+        if not self._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        self._waiters.append(waiter)
+        self._cancellable[wait_id] = waiter
+        saved = self._release_save()
+        notified = False
+        try:
+            notified = waiter.acquire(True, -1 if timeout is None else max(0.0, timeout))
+            return notified and wait_id not in self._cancelled
+        finally:
+            self._acquire_restore(saved)
+            self._cancellable.pop(wait_id, None)
+            self._cancelled.discard(wait_id)
+            if not notified:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def cancel_wait(self, wait_id) -> None:
+        waiter = self._cancellable.get(wait_id)
+        if waiter is None:
+            return  # it has returned already
+        self._cancelled.add(wait_id)
+        try:
+            waiter.release()
+        except RuntimeError:
+            return  # a notify released it first: that wait ends anyway
+        try:
+            self._waiters.remove(waiter)  # not counted by a later notify
+        except ValueError:
+            pass
+
+
+@forwarding("notify", "notify_all", also=("cancellable_wait", "cancel_wait"))
 class ConditionProxy(AcquirerProxy):
+    def wait(self, timeout: float | None = None) -> bool:
+        wait_id = os.urandom(8)
+        try:
+            return self._callmethod("cancellable_wait", (timeout, wait_id))
+        except KeyboardInterrupt:
+            # this thread's stream waits behind the server's wait: cancel it from another
+            canceller = threading.Thread(target=self._callmethod, args=("cancel_wait", (wait_id,)),
+                                         name="fiberrl-cancel-wait", daemon=True)
+            canceller.start()
+            canceller.join(_CANCEL_GRACE)
+            raise
+
     def wait_for(self, predicate, timeout: float | None = None):
         """Wait until ``predicate()`` (run here, in the caller) is true, or
         ``timeout`` s have passed; its last value."""
@@ -296,7 +361,7 @@ SYNC_TYPES = {
     "RLock": (threading.RLock, AcquirerProxy),
     "Semaphore": (threading.Semaphore, AcquirerProxy),
     "BoundedSemaphore": (threading.BoundedSemaphore, AcquirerProxy),
-    "Condition": (threading.Condition, ConditionProxy),
+    "Condition": (ServedCondition, ConditionProxy),
     "Event": (threading.Event, EventProxy),
     "Barrier": (threading.Barrier, BarrierProxy),
     "Queue": (queue.Queue, None),
