@@ -96,7 +96,8 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def test_connections_waiting_in_the_handshake_cost_no_thread_and_are_bounded():
+def test_connections_waiting_in_the_handshake_cost_no_thread_and_are_bounded(monkeypatch):
+    monkeypatch.setattr(listener_module, "MAX_HANDSHAKES", 128)  # the bound's logic, with fewer sockets
     listener = Listener("127.0.0.1", echo)
     host, _, port = listener.address.rpartition(":")
     before = thread_count()
@@ -134,3 +135,31 @@ def test_the_gate_thread_survives_a_peer_that_fails_in_any_way():
     listener.close()
     assert wait_until(lambda: not listener._gate.is_alive(), 5)
     _ = threading  # the gate is a thread of its own, ended by close()
+
+
+def test_a_burst_of_clients_beyond_the_bound_loses_those_that_sent_nothing_first(monkeypatch):
+    """A legitimate burst (a thousand pool workers starting at once) is far below the
+    bound; past it, a peer that has sent nothing is dropped before one that sent its nonce."""
+    assert listener_module.MAX_HANDSHAKES >= 4 * 1024
+    monkeypatch.setattr(listener_module, "MAX_HANDSHAKES", 16)
+    listener = Listener("127.0.0.1", echo)
+    host, _, port = listener.address.rpartition(":")
+    started = []
+    for _ in range(12):  # their nonce sent, their proof still to come
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(listener_module._PART_HEAD + auth.new_nonce())
+        started.append(sock)
+    assert wait_until(lambda: sum(h.client_nonce is not None for h in listener._pending.values()) == 12, 10)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(12)]
+    assert wait_until(lambda: len(listener._pending) == 16, 10)
+    time.sleep(0.2)
+    assert sum(h.client_nonce is not None for h in listener._pending.values()) == 12
+    for sock in started:  # each still has its challenge to answer
+        assert len(sock.recv(200)) > 0
+    client = connect_tcp(listener.address)
+    client.send([b"x"])
+    assert client.recv() == b"x"
+    client.close()
+    for sock in started + idle:
+        sock.close()
+    listener.close()

@@ -5,7 +5,8 @@ the client's proof, without blocking on any of them: a connection that has
 proved nothing costs no thread and 40 bytes of buffer, holds its place for
 at most ``HANDSHAKE_TIMEOUT`` seconds in all (not per read: a peer that
 sends a byte every few seconds is dropped all the same), and when
-``MAX_HANDSHAKES`` are waiting the oldest is dropped to make room.  Only a
+``MAX_HANDSHAKES`` are waiting one is dropped to make room (the oldest that
+has sent nothing, if any).  Only a
 peer that has proved it holds the run's secret gets a thread, which sets up
 its pipe and ring or its MACs and then serves it.
 
@@ -28,8 +29,9 @@ from .stream import (_LENGTH, CHALLENGE_BYTES, HANDSHAKE_TIMEOUT, LOCAL_SOCKETS,
 
 log = logging.getLogger("fiberrl.stream")
 
-# connections in the handshake at once, per listener
-MAX_HANDSHAKES = 128
+# connections in the handshake at once, per listener: past it one is dropped.  Far above a
+# legitimate burst: 1024 pool workers starting on 2 cores overran 128, and were dropped
+MAX_HANDSHAKES = 4096
 # a client's nonce or proof, framed as every frame is
 _PART_BYTES = _LENGTH.size + auth.NONCE_BYTES
 _PART_HEAD = _LENGTH.pack(auth.NONCE_BYTES)
@@ -174,14 +176,21 @@ class Listener:
                 sock.close()
                 return
         if len(self._pending) >= MAX_HANDSHAKES:
-            oldest = next(iter(self._pending.values()))
             log.debug("dropped a connection to %s still in its handshake: %d are waiting",
                       self.address, len(self._pending))
-            self._forget(oldest)
+            self._forget(self._to_drop())
         sock.setblocking(False)
         handshake = _Handshake(sock, kind)
         self._pending[sock] = handshake
         self._selector.register(sock, selectors.EVENT_READ, handshake)
+
+    def _to_drop(self) -> _Handshake:
+        """The oldest handshake whose peer has sent nothing, else the oldest: a client of
+        the run sends its nonce as soon as it is connected, a flood's peers need not."""
+        for handshake in self._pending.values():
+            if not handshake.received and handshake.client_nonce is None:
+                return handshake
+        return next(iter(self._pending.values()))
 
     def _advance(self, handshake: _Handshake) -> None:
         """Read what has come of the client's nonce or proof, and answer it once whole."""
