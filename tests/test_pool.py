@@ -475,3 +475,19 @@ def test_wait_and_get_return_only_once_the_callback_has_run():
             assert started.wait(60)  # run by the background reader: this thread reads nothing
             result.wait(60)
             assert len(seen) == 1
+
+
+def niceness(_):
+    return os.nice(0)
+
+
+def test_local_workers_that_outnumber_the_cores_run_at_a_lower_priority_than_the_master():
+    """So that the master, the run's servers and new connections get the CPU at once
+    (1024 ES workers on 2 cores at the same priority starved the parameter server)."""
+    from fiberrl.runtime.pool.scheduler import OVERSUBSCRIBED_NICE
+    mine = os.nice(0)
+    with mp.Pool(1) as pool:
+        assert pool.map(niceness, [0]) == [mine]
+    crowd = mp.cpu_count() + 1
+    with mp.Pool(crowd) as pool:
+        assert set(pool.map(niceness, range(4 * crowd), chunksize=1)) == {min(19, mine + OVERSUBSCRIBED_NICE)}

@@ -13,6 +13,7 @@ chunk was running when a worker died.
 """
 from __future__ import annotations
 
+import os
 import struct
 import traceback
 
@@ -62,7 +63,12 @@ def run_chunk(func, args_blob, star: bool) -> tuple[bool, bytearray]:
         return False, encode_error(TypeError(f"the result could not be pickled: {exc!r}"))
 
 
-def run_worker(master: str, worker_id: int, initializer, initargs) -> None:
+def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0) -> None:
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:  # not allowed here: the worker runs as it is
+            pass
     stream = connect(master)
 
     def ask(op: int, parts=()):
