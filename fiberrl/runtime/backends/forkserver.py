@@ -25,6 +25,7 @@ module itself.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import pickle
@@ -234,6 +235,9 @@ def _serve(sock: socket.socket, wake_read: int, wake_write: int) -> None:
                 return
             env, cwd, modules = pickle.loads(message)
             _import(modules)
+            # what the server has imported stays out of the jobs' collections: a collection
+            # writes to every object it looks at, and each page it writes becomes the job's own
+            gc.freeze()
             server_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
