@@ -6,9 +6,9 @@ proved nothing costs no thread and 40 bytes of buffer, holds its place for
 at most ``HANDSHAKE_TIMEOUT`` seconds in all (not per read: a peer that
 sends a byte every few seconds is dropped all the same), and when
 ``MAX_HANDSHAKES`` are waiting one is dropped to make room (the oldest that
-has sent nothing, if any).  Only a
-peer that has proved it holds the run's secret gets a thread, which sets up
-its pipe and ring or its MACs and then serves it.
+has sent nothing, if any).  Only a peer that has proved it holds the run's
+secret gets a thread, which sets up its pipe and ring or its MACs and then
+serves it.
 
 The gate outlives running out of file descriptors (or kernel buffers): it
 stops accepting for a while, backing off up to a second, and goes on; the
