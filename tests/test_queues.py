@@ -1,4 +1,5 @@
 """Queues and pipes shared by several processes, over real sockets."""
+import gc
 import os
 import queue
 import time
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import fiberrl.runtime as mp
+from fiberrl.runtime.hub import get_hub
 
 N_PER_WRITER = 200
 
@@ -327,3 +329,29 @@ def test_items_are_spread_over_concurrent_readers_about_evenly():
         p.join(30)
     assert sorted(counts) == [0, 1, 2, 3]
     assert all(abs(n - 600) <= 60 for n in counts.values()), counts
+
+
+def drains_until_stop(tasks, results):
+    for item in iter(tasks.get, "STOP"):
+        time.sleep(0.05)
+        results.put(item * 2)
+
+
+def test_a_queue_its_creator_let_go_of_lives_on_while_other_processes_use_it():
+    """Python's own mp_workers example: the main process puts the last tasks and
+    "STOP", and drops its queue while the workers still read it."""
+    results = mp.Queue()
+    tasks = mp.Queue()
+    p = mp.Process(target=drains_until_stop, args=(tasks, results))
+    p.start()
+    tasks.put(0)
+    assert results.get(timeout=30) == 0  # the worker has used the queue
+    for i in range(1, 6):
+        tasks.put(i)
+    tasks.put("STOP")
+    del tasks
+    gc.collect()
+    assert sorted(results.get(timeout=30) for _ in range(5)) == [2, 4, 6, 8, 10]
+    p.join(30)
+    assert p.exitcode == 0
+    assert not get_hub()._orphans  # gone with the last process that used it

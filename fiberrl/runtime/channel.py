@@ -46,6 +46,9 @@ class Channel:
         # writer handles, counted as a pipe's write descriptors are: the channel closes when the
         # last is released.  holder -> handles; a pickled handle is pending until a process takes it
         self._holds: dict[int, int] = {}
+        # connections of other processes that have used it: once its creator lets go of it,
+        # it lives on while any of them is open, as a pipe lives while a process holds it
+        self.users: set[int] = set()
         self._pending: dict[bytes, int] = {}
         self._taken_early: set[bytes] = set()
 
@@ -165,6 +168,7 @@ class Channel:
     # --- requests from other processes ------------------------------------
     def handle(self, request: Request) -> None:
         op = request.op
+        self.users.add(request.pipe_id)
         if op == Q_GET:
             self._remote_get(request, _TIMEOUT.unpack_from(request.body)[0])
         elif op == Q_PUT:
@@ -220,6 +224,7 @@ class Channel:
 
     def drop_requests_of(self, pipe_id: int) -> None:
         """Forget the parked requests and writer handles of a connection that closed."""
+        self.users.discard(pipe_id)
         self._drop_holder(pipe_id)
         with self._lock:
             gone = [r for r in self._parked_gets if r.pipe_id == pipe_id]

@@ -74,6 +74,7 @@ class Hub:
             logger.setLevel(config.log_level.upper())
         self.pid = os.getpid()
         self._objects: dict[bytes, object] = {}
+        self._orphans: set[bytes] = set()  # let go of by their creator, still used by other processes
         self._launches: dict[bytes, bytes] = {}
         self._clients: dict[str, Client] = {}
         self._lock = threading.Lock()
@@ -125,7 +126,12 @@ class Hub:
         self._objects[obj_id] = obj
 
     def unhost(self, obj_id: bytes) -> None:
-        self._objects.pop(obj_id, None)
+        """Its creator let go of it: it goes now, or once the last process using it is gone."""
+        obj = self._objects.get(obj_id)
+        if getattr(obj, "users", None):
+            self._orphans.add(obj_id)
+        else:
+            self._objects.pop(obj_id, None)
 
     def hosted(self, obj_id: bytes):
         return self._objects.get(obj_id)
@@ -160,8 +166,11 @@ class Hub:
 
     def _forget_requests_of(self, pipe_id: int) -> None:
         # a reply to a process that is gone would be lost with whatever it carries
-        for obj in list(self._objects.values()):
+        for obj_id, obj in list(self._objects.items()):
             obj.drop_requests_of(pipe_id)
+            if obj_id in self._orphans and not getattr(obj, "users", None):
+                self._orphans.discard(obj_id)
+                self._objects.pop(obj_id, None)
 
     # --- outgoing -------------------------------------------------------
     def client(self, address: str) -> Client:
