@@ -40,7 +40,7 @@ measured).  "start-up s" is the first iteration plus that wait.
 Every worker is a Python process.  Before the runs the benchmark measures one
 ES worker's memory (RSS, PSS and private, from /proc) and drops the worker
 counts that would not fit in the memory available now, printing what it
-skipped and why; the app's own check (fiberrl.app.check_workers, 80 MiB per
+skipped and why; the app's own check (fiberrl.app.check_workers, 16 MiB per
 local worker against free memory) may refuse more, and those are skipped too.
 
     python experiments/bench_es_scaling.py                # the full run
@@ -57,8 +57,8 @@ Flags:
     --cost S             seconds one simulated episode takes (default 0.05)
     --peer-iterations N  multiprocessing.Pool iterations per worker count (default 5; 0: no peer)
     --noise-size N       floats in the noise table (default 50,000,000: 200 MB)
-    --worker-mib MIB     memory to plan per worker instead of the measured PSS + 25%; also
-                         replaces the app's 80 MiB guess (fiberrl.app.LOCAL_WORKER_BYTES)
+    --worker-mib MIB     memory to plan per worker instead of the measured private + 25%; also
+                         replaces the app's 16 MiB figure (fiberrl.app.LOCAL_WORKER_BYTES)
     --reserve-gib G      memory to leave free (default 2)
     --out DIR            where the runs go (default experiments/results/es_scaling/<timestamp>)
     --quick              population 64, 3 iterations, workers 4,8, cost 0.02 s, 2 peer iterations
@@ -413,8 +413,10 @@ def main():
         fiberrl.app.LOCAL_WORKER_BYTES = per_worker
         source = "--worker-mib (also the app's per-worker figure)"
     else:
-        per_worker = int(pss * 1.25)
-        source = "measured PSS + 25%"
+        # a lone worker's PSS holds half the fork server's pages; among many workers each
+        # adds what is its own (1024 BipedalWalker workers peaked at 15.7 GiB: ~15 MiB each)
+        per_worker = int(private * 1.25)
+        source = "measured private + 25%"
     budget = available_bytes() - int(args.reserve_gib * 2**30) - args.noise_size * 4
     print(f"planning {per_worker / 2**20:.0f} MiB per worker ({source}); {budget / 2**30:.1f} GiB usable "
           f"(available now, less {args.reserve_gib:g} GiB reserve and the {args.noise_size * 4 / 2**20:.0f} MiB "
