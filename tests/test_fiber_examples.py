@@ -11,54 +11,18 @@ up at exit).
 import math
 import os
 import re
-import signal
-import subprocess
 
 import numpy as np
-import pytest
 
-from conftest import PYTHON, ROOT, wait_until
+from conftest import ROOT
+from script_runs import run_script
 
 EXAMPLES = os.path.join(ROOT, "examples", "fiber_docs")
-TIMEOUT = 120
 
 
-def session_members(sid: int) -> list[int]:
-    """Processes, zombies aside, whose session is ``sid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(") ", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def run_example(name: str, env: dict, *args: str, expect_success: bool = True) -> str:
-    """Run examples/fiber_docs/<name>.py in its own session; return its stdout."""
-    proc = subprocess.Popen([PYTHON, os.path.join(EXAMPLES, name + ".py"), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name}.py ran past {TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-    left = [] if wait_until(lambda: not session_members(proc.pid), 10) else session_members(proc.pid)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if expect_success:
-        assert proc.returncode == 0, f"{name}.py exited with {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}"
-    assert not left, f"{name}.py left processes running after it ended: {left}"
-    return out
+def run_example(name: str, env: dict, *args: str) -> str:
+    """Run examples/fiber_docs/<name>.py; return its stdout."""
+    return run_script(os.path.join(EXAMPLES, name + ".py"), env, *args).out
 
 
 def test_hello_fiber(script_env):

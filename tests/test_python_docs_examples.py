@@ -20,68 +20,18 @@ import ast
 import operator
 import os
 import re
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
 
-import pytest
 
-from conftest import PYTHON, ROOT, wait_until
+from conftest import ROOT
+from script_runs import Run, run_script
 
 EXAMPLES = os.path.join(ROOT, "examples", "python_docs")
-TIMEOUT = 120
-
-
-def session_members(sid: int) -> list[int]:
-    """Processes, zombies aside, whose session is ``sid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(") ", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-@dataclass
-class Run:
-    out: str
-    err: str
-    returncode: int
-    seconds: float
 
 
 def run_example(name: str, env: dict, returncode: int = 0, quiet: bool = True) -> Run:
-    """Run examples/python_docs/<name>.py in its own session: check its exit status, that it wrote
-    nothing on stderr (``quiet``) and that it left no process behind; return what it wrote."""
-    start = time.monotonic()
-    proc = subprocess.Popen([PYTHON, os.path.join(EXAMPLES, name + ".py")], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name}.py ran past {TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-    seconds = time.monotonic() - start
-    left = [] if wait_until(lambda: not session_members(proc.pid), 10) else session_members(proc.pid)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == returncode, \
-        f"{name}.py exited with {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}"
-    if quiet:
-        assert err == "", f"{name}.py wrote on stderr:\n{err}\nstdout:\n{out}"
-    assert not left, f"{name}.py left processes running after it ended: {left}"
-    return Run(out, err, proc.returncode, seconds)
+    """Run examples/python_docs/<name>.py: check its exit status, that it wrote nothing on
+    stderr (``quiet``) and that it left no process behind; return what it wrote."""
+    return run_script(os.path.join(EXAMPLES, name + ".py"), env, returncode=returncode, quiet=quiet)
 
 
 SQUARES = [x * x for x in range(10)]
