@@ -13,11 +13,13 @@ job on another host keeps a tracker of its own, which is the right one there.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 TRACKER_ENV = "FIBERRL_RESOURCE_TRACKER"
 
 
+@functools.cache  # read once: the kernel's boot does not change under a process
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
