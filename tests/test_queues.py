@@ -308,10 +308,11 @@ def count_work(q_in, q_out, ident):
         q_out.put(ident)
 
 
-def test_items_are_spread_over_concurrent_readers_about_evenly():
+def test_items_are_spread_over_concurrent_readers_evenly():
     """Fiber's test_queue_balance with only the import changed (fiber.queues ->
-    fiberrl.runtime.queues): 4 readers of 2,400 items.  Fiber asserts 600 each
-    (its push queue deals in turn); here readers ask, so about 600."""
+    fiberrl.runtime.queues): 4 readers of 2,400 items.  Fiber asserts 600 each;
+    the tolerance is for a reader that needs more than the test's second to
+    make its first request on a loaded machine."""
     from collections import Counter
 
     from fiberrl.runtime.queues import SimpleQueuePush
@@ -329,6 +330,65 @@ def test_items_are_spread_over_concurrent_readers_about_evenly():
         p.join(30)
     assert sorted(counts) == [0, 1, 2, 3]
     assert all(abs(n - 600) <= 60 for n in counts.values()), counts
+
+
+def count_work_slowly_if_first(q_in, q_out, ident):
+    with pytest.raises(queue.Empty):
+        q_in.get(block=False)  # the first request makes a reader one of the queue's
+    q_out.put("ready")
+    while q_in.get() != "quit":
+        if ident == 0:
+            time.sleep(0.005)
+        q_out.put(ident)
+
+
+def test_a_push_queue_deals_equal_shares_to_a_slow_reader_and_fast_ones():
+    from collections import Counter
+
+    from fiberrl.runtime.queues import SimpleQueuePush
+    inqueue, outqueue = SimpleQueuePush(), mp.SimpleQueue()
+    workers = [mp.Process(target=count_work_slowly_if_first, args=(inqueue, outqueue, i), daemon=True)
+               for i in range(3)]
+    for p in workers:
+        p.start()
+    assert [outqueue.get() for _ in range(3)] == ["ready"] * 3
+    for _ in range(300):
+        inqueue.put("work")
+    counts = Counter(outqueue.get() for _ in range(300))
+    for _ in range(3):
+        inqueue.put("quit")
+    for p in workers:
+        p.join(30)
+    assert counts == {0: 100, 1: 100, 2: 100}
+
+
+def take_one_then(q_in, q_out, then):
+    q_out.put(q_in.get())
+    if then == "sleep":
+        time.sleep(60)
+
+
+def test_what_a_push_queue_dealt_to_a_reader_that_exits_or_stops_asking_goes_to_the_others():
+    from fiberrl.runtime.queues import SimpleQueuePush
+    outqueue = mp.SimpleQueue()
+    for then in ("exit", "sleep"):
+        inqueue = SimpleQueuePush()
+        inqueue.put("first")
+        reader = mp.Process(target=take_one_then, args=(inqueue, outqueue, then), daemon=True)
+        reader.start()
+        assert outqueue.get() == "first"
+        if then == "exit":
+            reader.join(30)
+        with pytest.raises(queue.Empty):
+            inqueue.get(timeout=0.1)  # this process reads too now: half of what follows is its own
+        for i in range(10):
+            inqueue.put(i)
+        started = time.monotonic()
+        assert sorted(inqueue.get(timeout=10) for _ in range(10)) == list(range(10))
+        if then == "sleep":  # the sleeper's five were taken once it had been idle a second
+            assert time.monotonic() - started >= 0.9
+            reader.terminate()
+            reader.join(30)
 
 
 def drains_until_stop(tasks, results):

@@ -174,7 +174,7 @@ class Channel:
         elif op == Q_PUT:
             self._remote_put(request, _TIMEOUT.unpack_from(request.body)[0], request.body[_TIMEOUT.size:])
         elif op == Q_SIZE:
-            request.reply(OK, _SIZE.pack(len(self._items)))
+            request.reply(OK, _SIZE.pack(self.qsize()))
         elif op == Q_CLOSE:
             self.release(request.pipe_id)
             request.reply(OK)
@@ -383,10 +383,10 @@ class ChannelRef:
             get_hub().client(self.address).flush()
 
 
-def new_channel(maxsize: int = 0) -> tuple[ChannelRef, Channel]:
-    """Create a channel hosted by this process."""
+def new_channel(maxsize: int = 0, channel: Channel | None = None) -> tuple[ChannelRef, Channel]:
+    """Create a channel hosted by this process (``channel``: one of another kind, made by the caller)."""
     hub = get_hub()
-    channel = Channel(maxsize)
+    channel = Channel(maxsize) if channel is None else channel
     obj_id = uuid.uuid4().bytes
     hub.host(obj_id, channel)
     return ChannelRef(hub.address, obj_id, maxsize, channel), channel

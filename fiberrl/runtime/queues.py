@@ -12,8 +12,9 @@ from __future__ import annotations
 import queue as _queue
 import weakref
 
-from .channel import ChannelRef, new_channel
+from .channel import Channel, ChannelRef, new_channel
 from .connection import Pipe  # noqa: F401  (Fiber's code imports it from here)
+from .dealing_channel import DealingChannel
 from .hub import current_hub
 
 Empty = _queue.Empty
@@ -21,10 +22,10 @@ Full = _queue.Full
 
 
 class _QueueBase:
-    def __init__(self, maxsize: int = 0):
+    def __init__(self, maxsize: int = 0, channel: Channel | None = None):
         if maxsize < 0:
             raise ValueError("maxsize must be >= 0 (0 means unbounded)")
-        self._ref, _ = new_channel(maxsize)
+        self._ref, _ = new_channel(maxsize, channel)
         self._maxsize = maxsize
         self._closed = False
         # the creator's handle keeps the items alive; when it is collected they go
@@ -59,11 +60,17 @@ class SimpleQueue(_QueueBase):
         super().__init__(0)
 
 
-# Fiber's names: its push queue spread items over readers in turn, its pull
-# queue to whichever asked first.  Here a reader's get is a request parked in
-# the queue's owner and answered in arrival order, which spreads items about
-# evenly over readers that ask alike (4 readers of 2,400 items: 589-613 each)
-SimpleQueuePush = SimpleQueuePull = SimpleQueue
+class SimpleQueuePush(SimpleQueue):
+    """Fiber's push queue: items are dealt to the readers in turn (see
+    :mod:`.dealing_channel`), so readers that ask at different speeds still
+    get equal shares."""
+
+    def __init__(self):
+        _QueueBase.__init__(self, 0, DealingChannel())
+
+
+# Fiber's pull queue: each item to whichever reader asks first
+SimpleQueuePull = SimpleQueue
 
 
 class Queue(_QueueBase):
