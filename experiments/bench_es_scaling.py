@@ -2,18 +2,19 @@
 workers grow, with population 2048 (4096 episodes per iteration).
 
 (a) real environment: BipedalWalker-v3 with short episodes (algo.episode_steps,
-    100 by default, so an iteration is affordable) on 16 to 256 workers.  Reports
+    100 by default, so an iteration is affordable) on 16 to 1024 workers.  Reports
     the iteration time (mean and median), the master's time per iteration (the
     time it spends outside pool.map: drawing the perturbations, publishing the
     parameters, ranking the returns and the Adam update; the Amdahl bottleneck)
-    and env steps per second.  This machine has 2 cores, so past 2 workers the
+    env steps per second, the master's CPU time per task (all its threads, pool
+    phase included) and the peak memory of the run.  This machine has 2 cores, so past 2 workers the
     real part shows the cost of many workers contending for the same cores, not
     a speed-up.
 
 (b) simulated evaluations: the same ES (same policy size as BipedalWalker's:
     24 observations, 4 actions) on "FixedCost-v0", an env registered by this
     module whose one-step episodes sleep ``cost`` seconds (env.kwargs.cost) and
-    return a reward that depends on the action, on 16 to 512 workers.  As the
+    return a reward that depends on the action, on 16 to 1024 workers.  As the
     episodes sleep, the iteration time can be held against an ideal:
 
         ideal = ceil(population / workers) * 2 * cost
@@ -50,14 +51,14 @@ Flags:
     --iterations N       ES iterations per worker count (default 50)
     --real-iterations N  iterations of part (a) (default: --iterations)
     --population N       perturbations per iteration (default 2048)
-    --workers LIST       worker counts of part (a) (default 16,32,64,128,256)
-    --sim-workers LIST   worker counts of part (b) (default 16,32,64,128,256,512)
+    --workers LIST       worker counts of part (a) (default 16,64,256,1024)
+    --sim-workers LIST   worker counts of part (b) (default 16,64,256,1024)
     --parts LIST         real,sim (default both)
     --episode-steps N    step cap of the real episodes (default 100)
     --cost S             seconds one simulated episode takes (default 0.05)
     --peer-iterations N  multiprocessing.Pool iterations per worker count (default 5; 0: no peer)
     --noise-size N       floats in the noise table (default 50,000,000: 200 MB)
-    --worker-mib MIB     memory to plan per worker instead of the measured private + 25%; also
+    --worker-mib MIB     memory to plan per worker instead of the measured private; also
                          replaces the app's 16 MiB figure (fiberrl.app.LOCAL_WORKER_BYTES)
     --reserve-gib G      memory to leave free (default 2)
     --out DIR            where the runs go (default experiments/results/es_scaling/<timestamp>)
@@ -194,24 +195,64 @@ def wait_all_serving(pool, workers: int, timeout: float = 600.0) -> tuple[int, f
     return len(seen), time.perf_counter() - start
 
 
-def es_run(overrides: list[str], run_dir: Path, workers: int) -> tuple[list[dict], float]:
-    """Run ES; returns its metrics and the seconds waited after the first iteration for every worker to serve.
+class MemoryPeak:
+    """The machine's memory in use (MemTotal - MemAvailable) above what it was at the start,
+    sampled every half second from a thread: the run's peak, workers and servers included."""
+
+    def __init__(self):
+        import threading
+        self.base = self.peak = self._in_use()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _in_use() -> int:
+        fields = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+        return fields["MemTotal"] - fields["MemAvailable"]
+
+    def _sample(self):
+        while not self._stop.wait(0.5):
+            self.peak = max(self.peak, self._in_use())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.base
+
+
+def es_run(overrides: list[str], run_dir: Path, workers: int) -> tuple[list[dict], dict]:
+    """Run ES; returns its metrics and what was measured around it: the seconds waited after the
+    first iteration for every worker to serve, the master's CPU seconds in each iteration and the
+    run's peak memory.
 
     A pool's workers start while its first iterations run; on 2 cores, 256 of them starting take
     tens of seconds of CPU, which would land in the iterations measured.  So after the first
     iteration (which is not counted) the run waits until every worker has served a task."""
     from fiberrl.app import run
-    waited = [0.0]
+    measured = dict(waited=0.0, master_cpu=[])
+    last = [time.process_time()]
 
     def settle(iteration, pool):
+        now = time.process_time()
+        measured["master_cpu"].append(now - last[0])
         if iteration == 0:
-            seen, waited[0] = wait_all_serving(pool, workers)
+            seen, measured["waited"] = wait_all_serving(pool, workers)
             if seen < workers:
-                print(f"only {seen} of {workers} workers served a task within {waited[0]:.0f} s", flush=True)
+                print(f"only {seen} of {workers} workers served a task within {measured['waited']:.0f} s", flush=True)
+        last[0] = time.process_time()
 
     cfg = compose(overrides)
-    run(cfg, run_dir, on_iteration=settle)
-    return read_metrics(run_dir), waited[0]
+    memory = MemoryPeak()
+    try:
+        run(cfg, run_dir, on_iteration=settle)
+    finally:
+        measured["peak_bytes"] = memory.stop()
+    return read_metrics(run_dir), measured
 
 
 def after_first(metrics: list[dict], key: str) -> list[float]:
@@ -293,7 +334,7 @@ def part_real(args, base: list[str], out: Path) -> list[dict]:
           f"{args.episode_steps} steps), {args.real_iterations} iterations per worker count", flush=True)
     for workers in args.workers:
         run_dir = out / "real" / f"w{workers}"
-        metrics, waited = es_run(base + ["env=bipedal_walker", f"workers={workers}",
+        metrics, measured = es_run(base + ["env=bipedal_walker", f"workers={workers}",
                                          f"algo.iterations={args.real_iterations}",
                                          f"algo.episode_steps={args.episode_steps}"], run_dir, workers)
         iteration = after_first(metrics, "iteration_s")
@@ -303,18 +344,23 @@ def part_real(args, base: list[str], out: Path) -> list[dict]:
                          iteration_median=statistics.median(iteration), master_mean=statistics.mean(master),
                          master_median=statistics.median(master), first_iteration=metrics[0]["iteration_s"],
                          steps_per_s=sum(steps) / sum(iteration) if steps else metrics[0]["timesteps"] / iteration[0],
-                         startup=metrics[0]["iteration_s"] + waited, run_dir=str(run_dir)))
+                         master_cpu_per_task=statistics.mean(measured["master_cpu"][1:]) / args.population,
+                         peak_gib=measured["peak_bytes"] / 2**30,
+                         startup=metrics[0]["iteration_s"] + measured["waited"], run_dir=str(run_dir)))
+        print(f"{workers} workers: iteration {rows[-1]['iteration_median']:.1f} s (median), "
+              f"peak memory {rows[-1]['peak_gib']:.1f} GiB", flush=True)
     print(f"\n(a) BipedalWalker-v3 (episodes capped at {args.episode_steps} steps), population {args.population}: "
           f"iterations after the first")
     print(f"{'workers':>8} {'iter mean s':>12} {'iter median s':>14} {'master s':>9} {'master %':>9} "
-          f"{'steps/s':>9} {'start-up s':>11}")
+          f"{'steps/s':>9} {'master CPU/task':>16} {'peak GiB':>9} {'start-up s':>11}")
     for r in rows:
         print(f"{r['workers']:>8} {r['iteration_mean']:>12.2f} {r['iteration_median']:>14.2f} "
               f"{r['master_mean']:>9.3f} {100 * r['master_mean'] / r['iteration_mean']:>8.1f}% "
-              f"{r['steps_per_s']:>9.0f} {r['startup']:>11.1f}")
+              f"{r['steps_per_s']:>9.0f} {1000 * r['master_cpu_per_task']:>13.2f} ms {r['peak_gib']:>9.1f} "
+              f"{r['startup']:>11.1f}")
     if rows:
         first = rows[0]
-        print("iteration time vs " + f"{first['workers']} workers: " + ", ".join(
+        print("iteration time vs " + f"{first['workers']} workers (the same work; target at most 1.15): " + ", ".join(
             f"{r['workers']}: {r['iteration_median'] / first['iteration_median']:.2f}" for r in rows))
         print(f"(this machine has {os.cpu_count()} cores: more workers than cores cannot make a CPU-bound "
               f"iteration faster; part (b) shows the scaling the framework allows)")
@@ -327,7 +373,7 @@ def part_sim(args, base: list[str], out: Path) -> list[dict]:
           f"{args.iterations} iterations per worker count", flush=True)
     for workers in args.sim_workers:
         run_dir = out / "sim" / f"w{workers}"
-        metrics, waited = es_run(base + ["env=gym", f"env.id={ENV_NAME}", f"+env.kwargs.cost={args.cost}",
+        metrics, measured = es_run(base + ["env=gym", f"env.id={ENV_NAME}", f"+env.kwargs.cost={args.cost}",
                                          f"workers={workers}", f"algo.iterations={args.iterations}",
                                          "algo.eval_episodes=0"], run_dir, workers)
         ideal = math.ceil(args.population / workers) * 2 * args.cost
@@ -337,7 +383,9 @@ def part_sim(args, base: list[str], out: Path) -> list[dict]:
         row = dict(workers=workers, ideal=ideal, iteration_mean=statistics.mean(iteration),
                    iteration_median=statistics.median(iteration), master_mean=statistics.mean(master),
                    pool_median=statistics.median(pool_phase), first_iteration=metrics[0]["iteration_s"],
-                   startup=metrics[0]["iteration_s"] + waited,
+                   startup=metrics[0]["iteration_s"] + measured["waited"],
+                   master_cpu_per_task=statistics.mean(measured["master_cpu"][1:]) / args.population,
+                   peak_gib=measured["peak_bytes"] / 2**30,
                    reward_first=metrics[0]["reward_mean"], reward_last=metrics[-1]["reward_mean"],
                    run_dir=str(run_dir))
         if args.peer_iterations > 0:
@@ -377,8 +425,8 @@ def main():
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--real-iterations", type=int, default=None)
     parser.add_argument("--population", type=int, default=2048)
-    parser.add_argument("--workers", type=parse_list, default=[16, 32, 64, 128, 256])
-    parser.add_argument("--sim-workers", type=parse_list, default=[16, 32, 64, 128, 256, 512])
+    parser.add_argument("--workers", type=parse_list, default=[16, 64, 256, 1024])
+    parser.add_argument("--sim-workers", type=parse_list, default=[16, 64, 256, 1024])
     parser.add_argument("--parts", default="real,sim")
     parser.add_argument("--episode-steps", type=int, default=100)
     parser.add_argument("--cost", type=float, default=0.05)
@@ -413,10 +461,10 @@ def main():
         fiberrl.app.LOCAL_WORKER_BYTES = per_worker
         source = "--worker-mib (also the app's per-worker figure)"
     else:
-        # a lone worker's PSS holds half the fork server's pages; among many workers each
-        # adds what is its own (1024 BipedalWalker workers peaked at 15.7 GiB: ~15 MiB each)
-        per_worker = int(private * 1.25)
-        source = "measured private + 25%"
+        # a lone worker's PSS holds half the fork server's pages; among many workers each adds
+        # what is its own (1024 BipedalWalker workers peaked at 15.7 GiB: ~15 MiB each, 16 private)
+        per_worker = private
+        source = "measured private"
     budget = available_bytes() - int(args.reserve_gib * 2**30) - args.noise_size * 4
     print(f"planning {per_worker / 2**20:.0f} MiB per worker ({source}); {budget / 2**30:.1f} GiB usable "
           f"(available now, less {args.reserve_gib:g} GiB reserve and the {args.noise_size * 4 / 2**20:.0f} MiB "
