@@ -33,7 +33,13 @@ workers grow, with population 2048 (4096 episodes per iteration).
     from the parameter server) and (2) as many tasks that only sleep 2 * cost.
     The peer has no master work: compare it with the pool phase.
 
-In both parts the first iteration also waits for the workers to start, so it is
+(c) the floor under (a): the same number of BipedalWalker pairs shared by as
+    many bare forked processes as (a) has workers (a fixed linear policy, no
+    framework, niced as the pool's workers are).  Its time against 16
+    processes is what many processes cost the kernel and the caches on these
+    cores, whatever runs them; (a)'s ratio above it is the framework's.
+
+In parts (a) and (b) the first iteration also waits for the workers to start, so it is
 left out; after it each run maps short sleeps until every worker has served
 one (so that no worker is still starting, on these 2 cores, in the iterations
 measured).  "start-up s" is the first iteration plus that wait.
@@ -53,7 +59,7 @@ Flags:
     --population N       perturbations per iteration (default 2048)
     --workers LIST       worker counts of part (a) (default 16,64,256,1024)
     --sim-workers LIST   worker counts of part (b) (default 16,64,256,1024)
-    --parts LIST         real,sim (default both)
+    --parts LIST         real,sim,bare (default all three)
     --episode-steps N    step cap of the real episodes (default 100)
     --cost S             seconds one simulated episode takes (default 0.05)
     --peer-iterations N  multiprocessing.Pool iterations per worker count (default 5; 0: no peer)
@@ -416,6 +422,66 @@ def part_sim(args, base: list[str], out: Path) -> list[dict]:
     return rows
 
 
+# --- the floor: the same episodes on bare processes ------------------------------------
+
+def bare_worker(counter, pairs: int, episode_steps: int, barrier, started, nice: int) -> None:
+    """Take pair numbers from ``counter`` until ``pairs`` are done; run each as two BipedalWalker
+    episodes of a fixed linear policy, as an ES worker's task runs two."""
+    env = gym.make("BipedalWalker-v3", max_episode_steps=episode_steps)
+    weights = np.random.default_rng(0).standard_normal((24, 4)).astype(np.float32) * 0.1
+    if nice:
+        os.nice(nice)
+    barrier.wait()
+    with started.get_lock():
+        started.value = started.value or time.time()
+    while True:
+        with counter.get_lock():
+            pair = counter.value
+            counter.value += 1
+        if pair >= pairs:
+            return
+        for sign in (1, -1):
+            obs, _ = env.reset(seed=pair)
+            for _ in range(episode_steps):
+                obs, _, terminated, truncated, _ = env.step(np.tanh(obs @ (sign * weights)))
+                if terminated or truncated:
+                    break
+
+
+def bare_run(processes: int, pairs: int, episode_steps: int) -> float:
+    """Seconds ``processes`` forked processes take to share ``pairs`` pairs of episodes, timed from
+    the first of them passing the start barrier (all have made their env by then)."""
+    from gymnasium.envs.box2d import bipedal_walker  # noqa: F401 -- imported once, before the forks
+    from fiberrl.runtime.pool.scheduler import OVERSUBSCRIBED_NICE
+    ctx = multiprocessing.get_context("fork")
+    counter, barrier, started = ctx.Value("q", 0), ctx.Barrier(processes + 1), ctx.Value("d", 0.0)
+    nice = OVERSUBSCRIBED_NICE if processes > os.cpu_count() else 0  # as the pool's workers run
+    procs = [ctx.Process(target=bare_worker, args=(counter, pairs, episode_steps, barrier, started, nice))
+             for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    for proc in procs:
+        proc.join()
+    return time.time() - started.value
+
+
+def part_bare(args) -> list[dict]:
+    """What many processes cost the kernel and the caches whatever runs them: the floor under (a)."""
+    print(f"\n(c) bare processes: {args.population} pairs of BipedalWalker episodes (at most {args.episode_steps} "
+          f"steps) shared by forked processes, no framework; 2 rounds", flush=True)
+    rows = []
+    for processes in args.workers:
+        times = [bare_run(processes, args.population, args.episode_steps) for _ in range(2)]
+        rows.append(dict(processes=processes, seconds=statistics.mean(times)))
+        print(f"{processes} processes: {', '.join(f'{t:.1f}' for t in times)} s", flush=True)
+    if rows:
+        first = rows[0]
+        print(f"bare processes, time vs {first['processes']}: " + ", ".join(
+            f"{r['processes']}: {r['seconds'] / first['seconds']:.2f}" for r in rows))
+    return rows
+
+
 def parse_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -427,7 +493,7 @@ def main():
     parser.add_argument("--population", type=int, default=2048)
     parser.add_argument("--workers", type=parse_list, default=[16, 64, 256, 1024])
     parser.add_argument("--sim-workers", type=parse_list, default=[16, 64, 256, 1024])
-    parser.add_argument("--parts", default="real,sim")
+    parser.add_argument("--parts", default="real,sim,bare")
     parser.add_argument("--episode-steps", type=int, default=100)
     parser.add_argument("--cost", type=float, default=0.05)
     parser.add_argument("--peer-iterations", type=int, default=5)
@@ -483,6 +549,8 @@ def main():
         summary["real"] = part_real(args, base, out)
     if "sim" in parts:
         summary["sim"] = part_sim(args, base, out)
+    if "bare" in parts:
+        summary["bare"] = part_bare(args)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nruns and summary.json in {out}")
 
