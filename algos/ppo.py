@@ -80,6 +80,7 @@ class Config:
     checkpoint_every: int = 50         # updates between checkpoints (and one at the end)
     eval_every: int = 100              # updates between evaluations of the policy (0: none)
     eval_episodes: int = 5             # episodes per evaluation, on the learner; their mean is eval_reward
+    eval_deterministic: bool = False   # evaluate the mean action (argmax if discrete), as SB3's zoo scores; else sample
     stop_reward: float | None = None   # stop once eval_reward reaches this
     env_timeout: float = 60.0          # seconds an env server may take to step before it is replaced
 
@@ -112,6 +113,7 @@ RULES = {
     "checkpoint_every": at_least(1),
     "eval_every": at_least(0).because("0: no evaluation"),
     "eval_episodes": at_least(0).because("0: no evaluation"),
+    "eval_deterministic": ANY,
     "stop_reward": optional(finite(), "no early stop"),
     "env_timeout": positive(),
 }
@@ -120,7 +122,8 @@ RULES = {
 # settings that do not change what a run computes, so a resume may change them; unlike ES,
 # ``workers`` does: it sets the number of envs
 NOT_IN_FINGERPRINT = {"backend", "resume", "tensorboard"}
-ALGO_NOT_IN_FINGERPRINT = {"checkpoint_every", "eval_every", "eval_episodes", "stop_reward", "env_timeout"}
+ALGO_NOT_IN_FINGERPRINT = {"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic", "stop_reward",
+                           "env_timeout"}
 
 
 # --- the networks ------------------------------------------------------------
@@ -317,19 +320,25 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
 
 class Policy:
     """A trained agent as evaluation runs it: observations normalised as in
-    training, actions sampled from the policy (as CleanRL evaluates PPO)."""
+    training, actions sampled from the policy (as CleanRL evaluates PPO) or,
+    ``deterministic``, its most likely action (as Stable-Baselines3 does)."""
 
     def __init__(self, agent: Agent, action_space: gym.Space, obs_rms: RunningMeanStd | None, obs_clip: float,
-                 atari: bool, device: torch.device):
+                 atari: bool, device: torch.device, deterministic: bool = False):
         self.agent, self.action_space, self.obs_rms, self.obs_clip = agent.eval(), action_space, obs_rms, obs_clip
-        self.atari, self.device = atari, device
+        self.atari, self.device, self.deterministic = atari, device, deterministic
 
     def act(self, obs, generator: torch.Generator | None = None):
         obs = np.asarray(obs)[None]
         if self.obs_rms is not None:
             obs = self.obs_rms.normalize(obs, self.obs_clip)
+        obs = torch.as_tensor(obs, device=self.device)
         with torch.no_grad():
-            action = self.agent.get_action_and_value(torch.as_tensor(obs, device=self.device), generator=generator)[0]
+            if self.deterministic:
+                dist, _ = self.agent(obs)
+                action = dist.mean if self.agent.continuous else dist.probs.argmax(-1)
+            else:
+                action = self.agent.get_action_and_value(obs, generator=generator)[0]
         return env_actions(action, self.action_space)[0]
 
 
@@ -634,7 +643,8 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             if algo.eval_every and algo.eval_episodes and ((update + 1) % algo.eval_every == 0
                                                           or update + 1 == num_updates):
                 eval_env = eval_env or spec.make()
-                policy = Policy(agent, action_space, learner.obs_rms, algo.obs_clip, spec.atari, device)
+                policy = Policy(agent, action_space, learner.obs_rms, algo.obs_clip, spec.atari, device,
+                                algo.eval_deterministic)
                 # seeds of their own: evaluating leaves the training's random numbers alone
                 eval_reward = float(np.mean([run_episode(eval_env, policy, 1_000_000_007 * (update + 1) + i)[0]
                                              for i in range(algo.eval_episodes)]))
@@ -707,5 +717,5 @@ def evaluation_policy(config: dict, arrays: dict, values: dict):
         raise ValueError("it holds no agent/ parameters: not a PPO policy")
     load_agent(agent, arrays)
     policy = Policy(agent, action_space, load_rms(arrays, "obs_rms"), float(algo.get("obs_clip", 10.0)), spec.atari,
-                    torch.device("cpu"))
+                    torch.device("cpu"), bool(algo.get("eval_deterministic", False)))
     return policy, lambda env, seed, on_step=None: run_episode(env, policy, seed, on_step)

@@ -258,14 +258,44 @@ def test_atari_setting_is_refused_by_es_and_leaves_es_fingerprints_alone(tmp_pat
     assert "workers" in fingerprint(compose(["algo=ppo"])) and "workers" not in fingerprint(compose(["algo=es"]))
 
 
-def test_presets_hold_cleanrls_settings():
+def test_presets_hold_cleanrls_and_the_zoos_settings():
     atari = compose(["algo=ppo", "env=breakout"])
     assert (atari.env.id, atari.env.atari, atari.workers * atari.algo.envs_per_worker, atari.algo.num_steps,
             atari.algo.learning_rate, atari.algo.clip_coef, atari.algo.ent_coef) == \
         ("ALE/Breakout-v5", True, 8, 128, 2.5e-4, 0.1, 0.01)
     walker = compose(["+experiment=ppo_bipedal_walker"])
-    assert (walker.algo.name, walker.env.id, walker.algo.num_steps, walker.algo.num_minibatches,
-            walker.algo.update_epochs, walker.algo.clip_coef, walker.algo.ent_coef, walker.algo.norm_obs,
-            walker.algo.norm_reward, walker.algo.learning_rate) == \
-        ("ppo", "BipedalWalker-v3", 2048, 32, 10, 0.2, 0.0, True, True, 3e-4)
+    envs = walker.workers * walker.algo.envs_per_worker
+    assert (walker.algo.name, walker.env.id, envs, walker.algo.num_steps, envs * walker.algo.num_steps //
+            walker.algo.num_minibatches, walker.algo.update_epochs, walker.algo.gamma, walker.algo.clip_coef,
+            walker.algo.ent_coef, walker.algo.norm_obs, walker.algo.norm_reward, walker.algo.learning_rate) == \
+        ("ppo", "BipedalWalker-v3", 32, 2048, 64, 10, 0.999, 0.18, 0.0, True, True, 3e-4)
     assert compose(["+experiment=ppo_cartpole"]).algo.clip_coef == 0.2
+
+
+def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
+    import gymnasium as gym
+
+    from algos.ppo import MLPAgent, Policy, evaluation_policy, state_arrays
+    torch.manual_seed(0)
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    agent = MLPAgent(3, box, [8])
+    with torch.no_grad():
+        agent.actor[-1].bias.copy_(torch.tensor([0.3, -2.0]))  # the second is clipped to the space
+    obs = np.zeros(3, np.float32)
+    sampled = Policy(agent, box, None, 10.0, False, torch.device("cpu"))
+    assert not np.array_equal(sampled.act(obs, torch.Generator().manual_seed(1)),
+                              sampled.act(obs, torch.Generator().manual_seed(2)))
+    mean = Policy(agent, box, None, 10.0, False, torch.device("cpu"), deterministic=True)
+    assert np.allclose(mean.act(obs, torch.Generator().manual_seed(1)), [0.3, -1.0], atol=1e-6)
+
+    discrete = MLPAgent(3, gym.spaces.Discrete(4), [8])
+    with torch.no_grad():
+        discrete.actor[-1].bias.copy_(torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    best = Policy(discrete, gym.spaces.Discrete(4), None, 10.0, False, torch.device("cpu"), deterministic=True)
+    assert {int(best.act(obs, torch.Generator().manual_seed(s))) for s in range(20)} == {2}
+
+    config = {"env": {"id": "Pendulum-v1"}, "algo": {"hidden": [8], "eval_deterministic": True}}
+    pendulum = MLPAgent(3, gym.spaces.Box(-2.0, 2.0, (1,), np.float32), [8])
+    policy, _ = evaluation_policy(config, state_arrays(pendulum, None), {})
+    assert policy.deterministic
+    assert not evaluation_policy({**config, "algo": {"hidden": [8]}}, state_arrays(pendulum, None), {})[0].deterministic
