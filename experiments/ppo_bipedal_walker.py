@@ -105,27 +105,39 @@ def sb3_seed(args, seed: int, run_dir: Path) -> None:
     began = time.perf_counter()
 
     class Log(BaseCallback):
-        """Each update's line as fiberrl writes it: the mean return of the episodes that ended in it."""
+        """Each update's line as fiberrl writes it, once the update has trained: the mean return of the
+        episodes that ended in its rollout."""
 
         def _on_training_start(self):
-            self.returns, self.update, self.file = [], 0, open(run_dir / "metrics.jsonl", "w")
+            self.returns, self.update, self.done = [], 0, None
+            self.file = open(run_dir / "metrics.jsonl", "w")
 
         def _on_step(self):
             self.returns += [info["episode"]["r"] for info in self.locals["infos"] if "episode" in info]
             return True
 
         def _on_rollout_end(self):
-            line = {"iteration": self.update, "global_step": self.num_timesteps,
-                    "time_s": time.perf_counter() - began,
-                    "charts/episodic_return": statistics.mean(self.returns) if self.returns else None}
-            self.file.write(json.dumps(line) + "\n")
-            self.file.flush()
-            print(f"sb3 seed {seed} update {self.update + 1}: steps {self.num_timesteps:,} return "
-                  f"{line['charts/episodic_return']} {line['time_s']:.0f} s", flush=True)
-            self.returns, self.update = [], self.update + 1
+            self.done = (self.num_timesteps, statistics.mean(self.returns) if self.returns else None)
+            self.returns = []
+
+        def _on_rollout_start(self):  # the previous rollout's training is over
+            self._write()
 
         def _on_training_end(self):
+            self._write()
             self.file.close()
+
+        def _write(self):
+            if self.done is None:
+                return
+            steps, mean = self.done
+            line = {"iteration": self.update, "global_step": steps, "time_s": time.perf_counter() - began,
+                    "charts/episodic_return": mean}
+            self.file.write(json.dumps(line) + "\n")
+            self.file.flush()
+            print(f"sb3 seed {seed} update {self.update + 1}: steps {steps:,} return "
+                  f"{'-' if mean is None else format(mean, '.2f')} {line['time_s']:.0f} s", flush=True)
+            self.done, self.update = None, self.update + 1
 
     model.learn(total_timesteps=args.steps, callback=Log())
     started = time.perf_counter()
