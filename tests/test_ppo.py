@@ -299,3 +299,27 @@ def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
     policy, _ = evaluation_policy(config, state_arrays(pendulum, None), {})
     assert policy.deterministic
     assert not evaluation_policy({**config, "algo": {"hidden": [8]}}, state_arrays(pendulum, None), {})[0].deterministic
+
+
+def test_a_cpu_learner_steps_its_envs_on_one_torch_thread_and_updates_on_all(tmp_path):
+    from rich.console import Console
+
+    from algos.ppo import ROLLOUT_THREADS, remote_envs, train
+    from fiberrl.run import RunDirectory
+    seen = []
+
+    def recording_envs(cfg, spec, history=None, generations=None):
+        envs = remote_envs(cfg, spec, history, generations)
+        step = envs.step
+        envs.step = lambda actions: (seen.append(torch.get_num_threads()), step(actions))[1]
+        return envs
+
+    cfg = compose(["algo=ppo", "env=cartpole", "workers=1", "algo.envs_per_worker=2", "algo.num_steps=4",
+                   "algo.num_minibatches=2", "algo.total_timesteps=16", "algo.eval_every=0", "algo.device=cpu"])
+    threads = torch.get_num_threads()
+    summary = train(cfg, RunDirectory(tmp_path, {}, tensorboard=False, console=Console(quiet=True)),
+                    on_iteration=lambda update, envs: seen.append(("update", torch.get_num_threads())),
+                    make_envs=recording_envs)
+    assert summary["updates"] == 2
+    assert seen == ([ROLLOUT_THREADS] * 4 + [("update", threads)]) * 2
+    assert torch.get_num_threads() == threads
