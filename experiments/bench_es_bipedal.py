@@ -179,19 +179,6 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
     ray.shutdown()
 
 
-def peer_available(python: str) -> str | None:
-    """None when ``python`` imports evotorch and ray, else why not."""
-    try:
-        done = subprocess.run([python, "-c", "import evotorch, ray, torch"], capture_output=True, text=True,
-                              timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{python} could not be run: {exc}"
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no error text)"])[-1]
-        return f"{python} cannot import evotorch: {last}"
-    return None
-
-
 def peer_seed(args, seed: int, out: Path) -> bool:
     command = [args.peer_python, str(Path(__file__).resolve()), "--peer-child", "--seeds", str(seed),
                "--out", str(out), "--steps", str(args.steps), "--workers", str(args.workers),
@@ -325,7 +312,8 @@ def main():
             print(f"\nfiberrl ES, seed {seed}, {args.steps:,} env steps, {args.workers} workers", flush=True)
             fiberrl_seed(args, seed, run_dir)
     if not args.no_peer:
-        why = peer_available(args.peer_python)
+        from peer_python import missing_imports  # beside this script
+        why = missing_imports(args.peer_python, ["evotorch", "ray", "torch"])
         if why is not None:
             print(f"\nthe evotorch peer was skipped: {why} (pass --peer-python with an interpreter that has "
                   f"evotorch; see this script's docstring)", flush=True)

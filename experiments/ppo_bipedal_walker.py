@@ -153,19 +153,6 @@ def sb3_seed(args, seed: int, run_dir: Path) -> None:
     write_final(run_dir, returns, time.perf_counter() - started)
 
 
-def peer_available(python: str) -> str | None:
-    """None when ``python`` imports stable_baselines3 and Box2D, else why not."""
-    try:
-        done = subprocess.run([python, "-c", "import stable_baselines3, Box2D"], capture_output=True, text=True,
-                              timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{python} could not be run: {exc}"
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no error text)"])[-1]
-        return f"{python} cannot import stable_baselines3 and Box2D: {last}"
-    return None
-
-
 def peer_seed(args, seed: int, out: Path) -> None:
     if (out / "sb3" / f"seed{seed}" / "final.json").exists():
         return
@@ -269,7 +256,8 @@ def main():
             print(f"\nfiberrl PPO, seed {seed}, {args.steps:,} env steps", flush=True)
             fiberrl_seed(args, seed, out / "fiberrl" / f"seed{seed}")
     if not args.no_peer:
-        why = peer_available(args.peer_python)
+        from peer_python import missing_imports  # beside this script
+        why = missing_imports(args.peer_python, ["stable_baselines3", "Box2D"])
         if why is not None:
             print(f"\nthe SB3 peer was skipped: {why} (pass --peer-python with an interpreter that has it)")
         else:
