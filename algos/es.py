@@ -6,10 +6,10 @@ perturbation is evaluated mirrored (theta + sigma*eps and theta - sigma*eps)
 by a pool worker, and the master turns the returns into centered ranks and
 takes an Adam step on the rank-weighted sum of the perturbations.
 
-What travels: a worker is sent (iteration, noise index, env seed) per
-perturbation and returns (noise index, return of +eps, return of -eps,
-steps), plus the observation sums of the ~10% of perturbations picked to feed
-the running observation normalisation.  The noise itself is a table every
+What travels: a worker is sent a ``PairTask`` (iteration, noise index, env
+seed) per perturbation and returns a ``PairResult`` (return of +eps, return of
+-eps, steps), with the observation sums of the ~10% of perturbations picked to
+feed the running observation normalisation.  The noise itself is a table every
 host builds once from the seed (`fiberrl.noise`); the parameters are
 published once per iteration to a parameter server that each worker reads
 once per iteration, never pickled per task.
@@ -26,10 +26,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 import fiberrl.runtime as mp
+from fiberrl.algorithm import Algorithm, LoadedPolicy
 from fiberrl.envs import make_env
 from fiberrl.noise import FLOAT_BYTES, NoiseTable, table_path
 from fiberrl.policies import POLICIES, RunningStat, make_policy, run_episode
@@ -281,6 +283,33 @@ class EvaluatorSpec:
     obs_clip: float
 
 
+class PairTask(NamedTuple):
+    """Evaluate theta + eps and theta - eps, eps = sigma * the noise at ``noise_index``,
+    on one episode each reset with ``seed``; theta is the parameters published as ``version``."""
+    version: int
+    noise_index: int
+    seed: int
+    record_obs: bool  # send back the +eps episode's observation sums
+
+
+class EvalTask(NamedTuple):
+    """One episode of the unperturbed parameters published as ``version``, reset with ``seed``."""
+    version: int
+    seed: int
+
+
+class PairResult(NamedTuple):
+    return_pos: float
+    return_neg: float
+    steps: int                 # of both episodes
+    obs_sums: tuple | None     # (sum, sum of squares, count) of the +eps episode's observations, when asked
+
+
+class EvalResult(NamedTuple):
+    reward: float
+    steps: int
+
+
 class Evaluator:
     """One per worker process: its policy, this host's noise table, the current parameters."""
 
@@ -301,26 +330,29 @@ class Evaluator:
             self.theta, self.obs_mean, self.obs_std = self.store.fetch(version)
             self.version = version
 
-    def __call__(self, task):
-        version, kind, noise_index, seed, record = task
-        self._load(version)
+    def __call__(self, task: PairTask | EvalTask) -> PairResult | EvalResult:
+        self._load(task.version)
         # a fresh env per task: some keep state across resets (a Box2D world does), and
         # a result must not depend on which tasks its worker happened to run before
         env = self._make_env()
         try:
-            args = (env, self.policy, self.obs_mean, self.obs_std, self.spec.obs_clip, seed)
-            if kind == "eval":
-                self.policy.set_params(self.theta)
-                reward, steps, _ = run_episode(*args, False)
-                return reward, steps
-            eps = self.spec.sigma * self.noise.get(noise_index, self.theta.size)
-            self.policy.set_params(self.theta + eps)
-            r_pos, n_pos, sums = run_episode(*args, record)
-            self.policy.set_params(self.theta - eps)
-            r_neg, n_neg, _ = run_episode(*args, False)
-            return noise_index, r_pos, r_neg, n_pos + n_neg, sums
+            return self.run(task, env, self.theta, self.obs_mean, self.obs_std)
         finally:
             env.close()
+
+    def run(self, task: PairTask | EvalTask, env, theta, obs_mean, obs_std) -> PairResult | EvalResult:
+        """``task``'s episodes on ``env`` around ``theta``, observations normalised with ``obs_mean``/``obs_std``."""
+        args = (env, self.policy, obs_mean, obs_std, self.spec.obs_clip, task.seed)
+        if isinstance(task, EvalTask):
+            self.policy.set_params(theta)
+            reward, steps, _ = run_episode(*args, False)
+            return EvalResult(reward, steps)
+        eps = self.spec.sigma * self.noise.get(task.noise_index, theta.size)
+        self.policy.set_params(theta + eps)
+        r_pos, n_pos, sums = run_episode(*args, task.record_obs)
+        self.policy.set_params(theta - eps)
+        r_neg, n_neg, _ = run_episode(*args, False)
+        return PairResult(r_pos, r_neg, n_pos + n_neg, sums)
 
 
 _evaluator: Evaluator | None = None
@@ -382,27 +414,27 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
             store.publish(iteration, (es.theta, es.obs_stat.mean, es.obs_stat.std))
-            tasks = [(iteration, "pair", int(i), int(s), bool(r))
+            tasks = [PairTask(iteration, int(i), int(s), bool(r))
                      for i, s, r in zip(asked.noise_index, asked.env_seed, asked.record_obs, strict=True)]
-            tasks += [(iteration, "eval", 0, int(s), False) for s in eval_seeds]
+            tasks += [EvalTask(iteration, int(s)) for s in eval_seeds]
             t_master = time.perf_counter() - t0
 
             results = pool.map(evaluate, tasks, chunksize=algo.chunksize)
 
             t1 = time.perf_counter()
             pairs, evals = results[:algo.population], results[algo.population:]
-            returns_pos = np.array([r[1] for r in pairs])
-            returns_neg = np.array([r[2] for r in pairs])
-            for *_, sums in pairs:
-                if sums is not None:
-                    es.obs_stat.increment(*sums)
+            returns_pos = np.array([r.return_pos for r in pairs])
+            returns_neg = np.array([r.return_neg for r in pairs])
+            for pair in pairs:
+                if pair.obs_sums is not None:
+                    es.obs_stat.increment(*pair.obs_sums)
             evaluated = dict(theta=es.theta.copy(), obs_mean=es.obs_stat.mean, obs_std=es.obs_stat.std)
             grad_norm = es.tell(asked, returns_pos, returns_neg)
             t_master += time.perf_counter() - t1
 
-            timesteps += int(sum(r[3] for r in pairs))
+            timesteps += int(sum(r.steps for r in pairs))
             both = np.concatenate([returns_pos, returns_neg])
-            eval_reward = float(np.mean([r for r, _ in evals])) if evals else None
+            eval_reward = float(np.mean([r.reward for r in evals])) if evals else None
             metrics = dict(iteration=iteration, timesteps=timesteps, reward_mean=float(both.mean()),
                            reward_max=float(both.max()), reward_min=float(both.min()), eval_reward=eval_reward,
                            time_s=time.perf_counter() - began, iteration_s=time.perf_counter() - t0,
@@ -431,3 +463,42 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         server.shutdown()
     summary["theta"] = es.theta
     return summary
+
+
+# --- for fiberrl.evaluate ------------------------------------------------------------
+
+def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
+    """The policy in best_policy.npz (parameters, the normaliser they were evaluated with, and the
+    policy's kind) or in a checkpoint (parameters, the normaliser's sums; the kind from ``config``)."""
+    best = "obs_mean" in arrays
+    needed = ("theta", "obs_mean", "obs_std") if best else ("theta", "obs_sum", "obs_sumsq")
+    missing = [k for k in needed if k not in arrays] + ([] if best or "obs_count" in values else ["obs_count"])
+    if missing:
+        raise ValueError(f"it holds no {', '.join(missing)}: not a policy this tool can run")
+    if best:
+        obs_mean, obs_std = arrays["obs_mean"], arrays["obs_std"]
+    else:
+        stat = RunningStat.from_sums(arrays["obs_sum"], arrays["obs_sumsq"], values["obs_count"])
+        obs_mean, obs_std = stat.mean, stat.std
+    algo, env_cfg = config["algo"], config["env"]
+    # best_policy.npz records the policy it was saved with; a checkpoint relies on the config
+    obs_clip = float(values.get("obs_clip", algo.get("obs_clip", 5.0)))
+    env = make_env(env_cfg["id"], dict(env_cfg.get("kwargs") or {}),
+                   algo.get("episode_steps") or env_cfg.get("max_episode_steps"))
+    try:
+        policy = make_policy(values.get("policy", algo.get("policy", "mlp")), env.observation_space,
+                             env.action_space, values.get("hidden", algo.get("hidden", [64, 64])))
+    finally:
+        env.close()
+    policy.set_params(arrays["theta"])
+
+    def episode(env, seed: int, on_step=None) -> tuple[float, int]:
+        total, steps, _ = run_episode(env, policy, obs_mean, obs_std, obs_clip, seed, on_step=on_step)
+        return total, steps
+    return LoadedPolicy(policy, episode, obs_mean, obs_std, obs_clip)
+
+
+ALGORITHM = Algorithm(
+    name="es", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
+    worker_modules=(__name__,),
+    resume_may_change=frozenset({"iterations", "checkpoint_every", "stop_reward", "chunksize"}))

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
 import fiberrl.runtime as mp
+from fiberrl.algorithm import Algorithm
+import algos.es
 from algos.es import RULES as ES_RULES
-from algos.es import ES, ParamServer, check_noise_room, check_noise_size, check_state
+from algos.es import (ES, EvalResult, EvalTask, EvaluatorSpec, PairResult, PairTask, ParamServer, check_noise_room,
+                      check_noise_size, check_state)
 from fiberrl.noise import NoiseTable
-from fiberrl.policies import make_policy, run_episode
+from fiberrl.policies import make_policy
 from fiberrl.run import DamagedFile, require
 from fiberrl.validation import (ANY, UsageError, at_least, check_fields, finite, non_negative,
                                 one_of, optional, positive)
@@ -219,48 +223,42 @@ class ArchivedTerrain:
 
 # --- the workers' side ---------------------------------------------------------
 
-@dataclass
-class EvaluatorSpec:
-    """What a worker needs; small, sent once per worker."""
-    episode_steps: int | None
-    policy: str
-    hidden: list
-    noise_seed: int
-    noise_size: int
-    sigma: float
-    obs_clip: float
+class TerrainTask(NamedTuple):
+    """An ES task (``PairTask`` or ``EvalTask``) for the agent published under ``agent``, on ``terrain``."""
+    agent: object
+    terrain: dict              # a TerrainEncoding's fields
+    task: PairTask | EvalTask
 
 
-class Evaluator:
-    """One per worker: a policy, this host's noise table and the published agents."""
+class TerrainResult(NamedTuple):
+    result: PairResult | EvalResult
+    seconds: float             # the worker's time on the task, for the busy share in reports
+
+
+class AgentOnTerrain(NamedTuple):
+    """What the master evaluates or steps: an agent (its key among the published ones, its optimiser) on a terrain."""
+    key: object
+    es: ES
+    terrain: TerrainEncoding
+
+
+class Evaluator(algos.es.Evaluator):
+    """One per worker: ES's evaluator on the terrain each task names, with the agents published together."""
 
     def __init__(self, spec: EvaluatorSpec, store):
-        self.spec, self.store = spec, store
-        env = make_terrain_env(None)
-        self.policy = make_policy(spec.policy, env.observation_space, env.action_space, spec.hidden)
-        env.close()
-        self.noise = NoiseTable(spec.noise_seed, spec.noise_size)
-        self.version, self.agents = -1, {}
+        self.agents = {}
+        super().__init__(spec, store)
 
-    def __call__(self, task):
+    def _make_env(self, terrain: dict | None = None):
+        return make_terrain_env(terrain, self.spec.env_steps)  # fresh per task: a Box2D world keeps state
+
+    def __call__(self, task: TerrainTask) -> TerrainResult:
         began = time.perf_counter()
-        version, agent, encoding, kind, noise_index, seed, record = task
-        if version != self.version:
-            self.agents, self.version = self.store.fetch(version), version
-        theta, obs_mean, obs_std = self.agents[agent]
-        env = make_terrain_env(encoding, self.spec.episode_steps)  # fresh: a Box2D world keeps state
+        if task.task.version != self.version:
+            self.agents, self.version = self.store.fetch(task.task.version), task.task.version
+        env = self._make_env(task.terrain)
         try:
-            args = (env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed)
-            if kind == "eval":
-                self.policy.set_params(theta)
-                reward, steps, _ = run_episode(*args)
-                return reward, steps, time.perf_counter() - began
-            eps = self.spec.sigma * self.noise.get(noise_index, theta.size)
-            self.policy.set_params(theta + eps)
-            r_pos, n_pos, sums = run_episode(*args, record)
-            self.policy.set_params(theta - eps)
-            r_neg, n_neg, _ = run_episode(*args)
-            return r_pos, r_neg, n_pos + n_neg, sums, time.perf_counter() - began
+            return TerrainResult(self.run(task.task, env, *self.agents[task.agent]), time.perf_counter() - began)
         finally:
             env.close()
 
@@ -273,7 +271,7 @@ def init_worker(spec: EvaluatorSpec, store) -> None:
     _evaluator = Evaluator(spec, store)
 
 
-def evaluate(task):
+def evaluate(task: TerrainTask) -> TerrainResult:
     return _evaluator(task)
 
 
@@ -294,50 +292,52 @@ class Master:
                                           for key, es in agents.items()})
         return self.version
 
-    def run(self, tasks: list) -> list:
+    def run(self, tasks: list[TerrainTask]) -> list:
+        """The results of ``tasks``, in their order."""
         began = time.perf_counter()
-        results = self.pool.map(evaluate, tasks, chunksize=self.cfg.chunksize) if tasks else []
+        done = self.pool.map(evaluate, tasks, chunksize=self.cfg.chunksize) if tasks else []
         self.pool_s += time.perf_counter() - began
-        self.busy_s += sum(r[-1] for r in results)
-        return results
+        self.busy_s += sum(d.seconds for d in done)
+        return [d.result for d in done]
 
-    def es_steps(self, jobs: list[tuple[object, ES, TerrainEncoding]]) -> tuple[list[np.ndarray], list[float]]:
-        """One ES step of each (key, optimiser, terrain), all in one map together with the
-        evaluation of each agent before its step: (the perturbations' returns, the scores)."""
-        version = self.publish({key: es for key, es, _ in jobs})
-        asked = [es.ask() for _, es, _ in jobs]
-        tasks = [(version, key, encoding.to_dict(), "pair", int(i), int(s), bool(r))
-                 for (key, _, encoding), a in zip(jobs, asked, strict=True)
-                 for i, s, r in zip(a.noise_index, a.env_seed, a.record_obs, strict=True)]
-        evaluations = self._evaluation_tasks(version, jobs)
+    def es_steps(self, agents: list[AgentOnTerrain]) -> tuple[list[np.ndarray], list[float]]:
+        """One ES step of each agent on its terrain, all in one map together with the evaluation
+        of each agent before its step: (the perturbations' returns, the scores)."""
+        version = self.publish({a.key: a.es for a in agents})
+        asked = [a.es.ask() for a in agents]
+        tasks = [TerrainTask(a.key, a.terrain.to_dict(), PairTask(version, int(i), int(s), bool(r)))
+                 for a, perturbations in zip(agents, asked, strict=True)
+                 for i, s, r in zip(perturbations.noise_index, perturbations.env_seed, perturbations.record_obs,
+                                    strict=True)]
+        evaluations = self._evaluation_tasks(version, agents)
         results = self.run(tasks + evaluations)
-        results, scores = results[:len(tasks)], self._scores(results[len(tasks):], len(jobs))
+        results, scores = results[:len(tasks)], self._scores(results[len(tasks):], len(agents))
         returns = []
-        for (_, es, _), a in zip(jobs, asked, strict=True):
-            mine, results = results[:a.noise_index.size], results[a.noise_index.size:]
-            self.timesteps += sum(r[2] for r in mine)
-            pos, neg = np.array([r[0] for r in mine]), np.array([r[1] for r in mine])
+        for a, perturbations in zip(agents, asked, strict=True):
+            mine, results = results[:perturbations.noise_index.size], results[perturbations.noise_index.size:]
+            self.timesteps += sum(r.steps for r in mine)
+            pos, neg = np.array([r.return_pos for r in mine]), np.array([r.return_neg for r in mine])
             for r in mine:
-                if r[3] is not None:
-                    es.obs_stat.increment(*r[3])
-            es.tell(a, pos, neg)
+                if r.obs_sums is not None:
+                    a.es.obs_stat.increment(*r.obs_sums)
+            a.es.tell(perturbations, pos, neg)
             returns.append(np.concatenate([pos, neg]))
         return returns, scores
 
-    def scores(self, jobs: list[tuple[object, ES, TerrainEncoding]]) -> list[float]:
-        """Each (key, agent, terrain)'s mean return over ``eval_episodes``, all in one map."""
-        version = self.publish({key: es for key, es, _ in jobs})
-        return self._scores(self.run(self._evaluation_tasks(version, jobs)), len(jobs))
+    def scores(self, agents: list[AgentOnTerrain]) -> list[float]:
+        """Each agent's mean return on its terrain over ``eval_episodes``, all in one map."""
+        version = self.publish({a.key: a.es for a in agents})
+        return self._scores(self.run(self._evaluation_tasks(version, agents)), len(agents))
 
-    def _evaluation_tasks(self, version: int, jobs: list) -> list:
-        seeds = self.rng.integers(0, 2**31 - 1, size=(len(jobs), self.cfg.eval_episodes))
-        return [(version, key, encoding.to_dict(), "eval", 0, int(s), False)
-                for (key, _, encoding), row in zip(jobs, seeds, strict=True) for s in row]
+    def _evaluation_tasks(self, version: int, agents: list[AgentOnTerrain]) -> list[TerrainTask]:
+        seeds = self.rng.integers(0, 2**31 - 1, size=(len(agents), self.cfg.eval_episodes))
+        return [TerrainTask(a.key, a.terrain.to_dict(), EvalTask(version, int(s)))
+                for a, row in zip(agents, seeds, strict=True) for s in row]
 
-    def _scores(self, results: list, jobs: int) -> list[float]:
-        self.timesteps += sum(r[1] for r in results)
-        per_job = np.array([r[0] for r in results]).reshape(jobs, self.cfg.eval_episodes)
-        return [float(row.mean()) for row in per_job]
+    def _scores(self, results: list[EvalResult], agents: int) -> list[float]:
+        self.timesteps += sum(r.steps for r in results)
+        per_agent = np.array([r.reward for r in results]).reshape(agents, self.cfg.eval_episodes)
+        return [float(row.mean()) for row in per_agent]
 
 
 def new_es(theta: np.ndarray, cfg, noise: NoiseTable, rng: np.random.Generator, obs_shape) -> ES:
@@ -361,7 +361,7 @@ def reproduce(pairs, archive, iteration, master, cfg, noise, next_id) -> tuple[l
         return [], 0, next_id
     parents = [eligible[int(master.rng.integers(len(eligible)))] for _ in range(cfg.children)]
     children = [mutate(p.encoding, master.rng, cfg) for p in parents]
-    scores = master.scores([(("pair", p.id), p.es, c) for p, c in zip(parents, children, strict=True)])
+    scores = master.scores([AgentOnTerrain(("pair", p.id), p.es, c) for p, c in zip(parents, children, strict=True)])
     passed = [(p, c) for p, c, s in zip(parents, children, scores, strict=True) if meets_minimal_criterion(s, cfg)]
     known = [t.encoding for t in archive]
     passed = [(p, c) for p, c in passed if c not in known]
@@ -382,13 +382,14 @@ def transfer(pairs, master, cfg, noise) -> int:
     others = [(target, source) for target in pairs for source in pairs if source is not target]
     if not others:
         return 0
-    direct = master.scores([(("pair", s.id), s.es, t.encoding) for t, s in others])
+    direct = master.scores([AgentOnTerrain(("pair", s.id), s.es, t.encoding) for t, s in others])
     candidates = {(t.id, "direct", s.id): (score, s.es) for (t, s), score in zip(others, direct, strict=True)}
     if cfg.proposal_transfer:
         trials = [fresh_optimiser(s.es, cfg, noise, master.rng) for _, s in others]
-        jobs = [(("trial", i), es, t.encoding) for i, ((t, _), es) in enumerate(zip(others, trials, strict=True))]
-        master.es_steps(jobs)
-        proposed = master.scores(jobs)
+        proposals = [AgentOnTerrain(("trial", i), es, t.encoding)
+                     for i, ((t, _), es) in enumerate(zip(others, trials, strict=True))]
+        master.es_steps(proposals)
+        proposed = master.scores(proposals)
         for (t, s), es, score in zip(others, trials, proposed, strict=True):
             candidates[(t.id, "proposal", s.id)] = (score, es)
     replaced = 0
@@ -509,8 +510,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                  created=0, parent=None)
     pairs, archive, next_id, start, elapsed = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, 0, 0.0
 
-    spec = EvaluatorSpec(algo.episode_steps or cfg.env.max_episode_steps, algo.policy, list(algo.hidden), cfg.seed,
-                         algo.noise_size, algo.sigma, algo.obs_clip)
+    spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.policy, list(algo.hidden),
+                         cfg.seed, algo.noise_size, algo.sigma, algo.obs_clip)
     server = ParamServer()
     server.start()
     pool = None
@@ -538,7 +539,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                 pairs = pairs[-algo.max_active:]  # admitted last, so the oldest leave
 
             # each agent is scored on its terrain as it was before this step, in the step's own map
-            returns, scores = master.es_steps([(("pair", p.id), p.es, p.encoding) for p in pairs])
+            returns, scores = master.es_steps([AgentOnTerrain(("pair", p.id), p.es, p.encoding) for p in pairs])
             for p, score in zip(pairs, scores, strict=True):
                 p.score = score
 
@@ -587,3 +588,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     return summary
 
 
+ALGORITHM = Algorithm(
+    name="poet", config=Config, rules=RULES, check_settings=check_settings, train=train,
+    load_policy=None,  # its checkpoints hold a population of agents, each for its own terrain
+    worker_modules=(__name__,),
+    resume_may_change=frozenset({"iterations", "checkpoint_every", "stop_reward", "chunksize"}))

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from fiberrl.algorithm import RESUME_MAY_CHANGE, Algorithm, LoadedPolicy
 from fiberrl.atari import NotAtari
 from fiberrl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
 from fiberrl.run import DamagedFile, require
@@ -45,8 +46,6 @@ from fiberrl.validation import (ANY, Rule, UsageError, at_least, between, check_
 
 log = logging.getLogger("fiberrl")
 
-ATARI = True  # applies the Atari preprocessing when the env config asks for it (env.atari=true)
-WORKER_MODULES = ["fiberrl.env_servers"]  # what the env servers run (not torch, which only the learner needs)
 # torch threads of a CPU learner while it steps the envs: its inference batches are a few rows, and
 # the OpenMP threads of a second one spin after each op on the cores the env servers need.  Measured
 # on 2 cores, a rollout of the BipedalWalker preset (32 envs on 2 servers) 10-12 s -> 6 s, of Breakout's
@@ -81,6 +80,7 @@ class Config:
     obs_clip: float = 10.0             # normalised observations are clipped to +-obs_clip
     reward_clip: float = 10.0          # normalised rewards are clipped to +-reward_clip
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP sizes for vector observations
+    log_std_init: float = 0.0          # the Gaussian policy's log std at the start (Box actions), as SB3's
     device: str = "auto"               # the learner's: "auto" (cuda when there is one), "cpu", "cuda"
     checkpoint_every: int = 50         # updates between checkpoints (and one at the end)
     eval_every: int = 100              # updates between evaluations of the policy (0: none)
@@ -114,6 +114,7 @@ RULES = {
     "obs_clip": positive(),
     "reward_clip": positive(),
     "hidden": layer_sizes(),
+    "log_std_init": finite(),
     "device": one_of("auto", "cpu", "cuda"),
     "checkpoint_every": at_least(1),
     "eval_every": at_least(0).because("0: no evaluation"),
@@ -122,13 +123,6 @@ RULES = {
     "stop_reward": optional(finite(), "no early stop"),
     "env_timeout": positive(),
 }
-
-
-# settings that do not change what a run computes, so a resume may change them; unlike ES,
-# ``workers`` does: it sets the number of envs
-NOT_IN_FINGERPRINT = {"backend", "resume", "tensorboard"}
-ALGO_NOT_IN_FINGERPRINT = {"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic", "stop_reward",
-                           "env_timeout"}
 
 
 # --- the networks ------------------------------------------------------------
@@ -194,14 +188,14 @@ class MLPAgent(Agent):
     """CleanRL's classic-control agent: separate tanh MLPs for actor and critic;
     for Box actions a Gaussian with a state-independent log std."""
 
-    def __init__(self, obs_size: int, action_space: gym.Space, hidden):
+    def __init__(self, obs_size: int, action_space: gym.Space, hidden, log_std_init: float = 0.0):
         super().__init__()
         self.continuous = isinstance(action_space, gym.spaces.Box)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         self.critic = mlp(obs_size, hidden, 1, 1.0)
         self.actor = mlp(obs_size, hidden, n_out, 0.01)
         if self.continuous:
-            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+            self.actor_logstd = nn.Parameter(torch.full((1, n_out), float(log_std_init)))
 
     def forward(self, x):
         x = x.float().flatten(1)
@@ -213,7 +207,7 @@ class MLPAgent(Agent):
         return self.critic(x.float().flatten(1)).squeeze(-1)
 
 
-def make_agent(observation_space: gym.Space, action_space: gym.Space, hidden) -> Agent:
+def make_agent(observation_space: gym.Space, action_space: gym.Space, hidden, log_std_init: float = 0.0) -> Agent:
     if not isinstance(observation_space, gym.spaces.Box):
         raise ValueError(f"PPO here needs Box observations, not {observation_space}")
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
@@ -222,7 +216,7 @@ def make_agent(observation_space: gym.Space, action_space: gym.Space, hidden) ->
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError("the CNN agent (image observations) supports Discrete actions only")
         return CNNAgent(observation_space.shape, int(action_space.n), observation_space.dtype == np.uint8)
-    return MLPAgent(int(np.prod(observation_space.shape)), action_space, list(hidden))
+    return MLPAgent(int(np.prod(observation_space.shape)), action_space, list(hidden), log_std_init)
 
 
 class RunningMeanStd:
@@ -569,8 +563,8 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
     num_updates = algo.total_timesteps // batch_size
 
     torch.manual_seed(cfg.seed)
-    learner = Learner(make_agent(observation_space, action_space, algo.hidden).to(device), algo, num_envs,
-                      observation_space.shape, cfg.seed, device)
+    agent = make_agent(observation_space, action_space, algo.hidden, algo.log_std_init).to(device)
+    learner = Learner(agent, algo, num_envs, observation_space.shape, cfg.seed, device)
     agent, optimizer = learner.agent, learner.optimizer
 
     start, global_step, elapsed, best, restarts_before = 0, 0, 0.0, -np.inf, 0
@@ -664,14 +658,14 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
                                   dict(iteration=update, global_step=global_step, eval_reward=eval_reward))
 
             now = time.perf_counter()
-            returns_ = [r for _, r, _ in episodes]
+            returns_ = [e.reward for e in episodes]
             metrics = {"iteration": update, "timesteps": global_step, "global_step": global_step,
                        "time_s": now - began, "iteration_s": now - t0, "rollout_s": t_rollout,
                        "update_s": t_update,
                        "charts/SPS": int((global_step - session_step) / (now - session_start)),
                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
                        "charts/episodic_return": float(np.mean(returns_)) if returns_ else None,
-                       "charts/episodic_length": float(np.mean([n for *_, n in episodes])) if episodes else None,
+                       "charts/episodic_length": float(np.mean([e.length for e in episodes])) if episodes else None,
                        "charts/episodes": len(episodes),
                        "charts/env_server_restarts": restarts_before + envs.restarts,
                        **losses, "eval_reward": eval_reward}
@@ -711,8 +705,8 @@ def progress_line(m: dict, num_updates: int) -> str:
 
 # --- for fiberrl.evaluate --------------------------------------------------------------
 
-def evaluation_policy(config: dict, arrays: dict, values: dict):
-    """(policy, run_episode) for the parameters saved in ``arrays`` by the run of ``config``."""
+def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
+    """The agent saved in ``arrays`` by the run of ``config``, acting as its evaluations did."""
     env_cfg, algo = config["env"], config["algo"]
     spec = EnvSpec(env_cfg["id"], dict(env_cfg.get("kwargs") or {}), env_cfg.get("max_episode_steps"),
                    bool(env_cfg.get("atari", False)))
@@ -727,4 +721,13 @@ def evaluation_policy(config: dict, arrays: dict, values: dict):
     load_agent(agent, arrays)
     policy = Policy(agent, action_space, load_rms(arrays, "obs_rms"), float(algo.get("obs_clip", 10.0)), spec.atari,
                     torch.device("cpu"), bool(algo.get("eval_deterministic", False)))
-    return policy, lambda env, seed, on_step=None: run_episode(env, policy, seed, on_step)
+    return LoadedPolicy(policy, lambda env, seed, on_step=None: run_episode(env, policy, seed, on_step))
+
+
+ALGORITHM = Algorithm(
+    name="ppo", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
+    worker_modules=("fiberrl.env_servers",),  # what the env servers run (not torch: only the learner needs it)
+    resume_may_change=frozenset({"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic",
+                                 "stop_reward", "env_timeout"}),
+    app_resume_may_change=RESUME_MAY_CHANGE - {"workers"},  # workers sets the number of envs
+    takes_atari=True)

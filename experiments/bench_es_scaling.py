@@ -291,7 +291,7 @@ def mp_peer(workers: int, population: int, cost: float, iterations: int, noise_s
     worker instead of fetched from a parameter server.  Also the pool's start-up time."""
     import functools
 
-    from algos.es import Config, EvaluatorSpec, evaluate, init_worker
+    from algos.es import Config, EvaluatorSpec, PairTask, evaluate, init_worker
     from fiberrl.noise import NoiseTable
     from fiberrl.policies import make_policy
 
@@ -316,7 +316,7 @@ def mp_peer(workers: int, population: int, cost: float, iterations: int, noise_s
             results = pool.map(sleep_task, range(population))
             times["sleep"].append(time.perf_counter() - t0)
             assert len(results) == population
-            tasks = [(iteration, "pair", int(i), int(seed), False)
+            tasks = [PairTask(iteration, int(i), int(seed), False)
                      for i, seed in zip(noise.sample_index(rng, policy.num_params, population),
                                         rng.integers(0, 2**31 - 1, size=population), strict=True)]
             t0 = time.perf_counter()

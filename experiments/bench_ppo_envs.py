@@ -29,7 +29,7 @@ from rich.console import Console
 
 from algos.ppo import env_actions, make_agent, train
 from fiberrl.config import compose
-from fiberrl.env_servers import EnvSpec, RemoteEnvs, Step
+from fiberrl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
 from fiberrl.run import RunDirectory
 
 SPEC = EnvSpec("ALE/Breakout-v5", atari=True)
@@ -57,7 +57,7 @@ class VectorEnvs:
             step.final_obs = {int(i): info["final_obs"][i] for i in np.flatnonzero(info["_final_obs"] & truncated
                                                                                     & ~terminated)}
         if "_episode" in info:
-            step.episodes = [(int(i), float(info["episode"]["r"][i]), int(info["episode"]["l"][i]))
+            step.episodes = [Episode(int(i), float(info["episode"]["r"][i]), int(info["episode"]["l"][i]))
                              for i in np.flatnonzero(info["_episode"])]
         return step
 

@@ -5,8 +5,8 @@ import sys
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from fiberrl.app import register_resolvers, run_or_exit
-from fiberrl.config import CONFIG_DIR, register_configs
+from fiberrl.app import run_or_exit
+from fiberrl.config import CONFIG_DIR, register_configs, register_resolvers
 
 register_resolvers()
 register_configs(sys.argv[1:])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .config import APP_RULES, BACKEND_RULES, ENV_RULES, algorithm_module
+from algos import algorithm
+
+from .config import APP_RULES, BACKEND_RULES, ENV_RULES
 from .envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
 from .validation import UsageError, check_fields
@@ -19,37 +20,20 @@ from .validation import UsageError, check_fields
 # 2048) peaked at 15.7 GiB in all, 1 GiB of it the noise table
 LOCAL_WORKER_BYTES = 16 << 20
 
-# settings that do not change what a run computes, so a resume may change them
-NOT_IN_FINGERPRINT = {"workers", "backend", "resume", "tensorboard"}
-ALGO_NOT_IN_FINGERPRINT = {"iterations", "checkpoint_every", "stop_reward", "chunksize"}
-
-
-def default_run_dir(resume, algo: str, env: str) -> str:
-    if resume:
-        return str(resume)
-    return str(Path("runs") / f"{algo}-{env}" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3])
-
-
-def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("fiberrl_run_dir", default_run_dir, replace=True, use_cache=True)
-
-
-def not_in_fingerprint(algo: str) -> tuple[set, set]:
-    """(top-level settings, algo settings) that do not change what a run of ``algo``
-    computes; an algorithm module may say otherwise (PPO: ``workers`` sets its number of envs)."""
-    module = algorithm_module(algo)
-    return (getattr(module, "NOT_IN_FINGERPRINT", NOT_IN_FINGERPRINT),
-            getattr(module, "ALGO_NOT_IN_FINGERPRINT", ALGO_NOT_IN_FINGERPRINT))
+# settings newer than some checkpoints, with their defaults: at its default a setting leaves those
+# checkpoints' fingerprint as it was
+NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init"): 0.0}
 
 
 def fingerprint(cfg) -> dict:
+    """The settings that decide what a run computes: a resume must have the same."""
     plain = OmegaConf.to_container(cfg, resolve=True)
-    top, algo = not_in_fingerprint(plain["algo"]["name"])
-    kept = {k: v for k, v in plain.items() if k not in top}
-    kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in algo}
-    if not kept.get("env", {}).get("atari", True):
-        # a setting newer than some checkpoints: at its default it leaves their fingerprint as it was
-        del kept["env"]["atari"]
+    record = algorithm(plain["algo"]["name"])
+    kept = {k: v for k, v in plain.items() if k not in record.app_resume_may_change}
+    kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in record.resume_may_change}
+    for (group, name), default in NEWER_THAN_SOME_CHECKPOINTS.items():
+        if name in kept.get(group, {}) and kept[group][name] == default:
+            del kept[group][name]
     return kept
 
 
@@ -92,12 +76,12 @@ def validate(cfg) -> None:
     check_fields(cfg.env, ENV_RULES, "env.")
     check_fields(cfg.backend, BACKEND_RULES, "backend.")
     check_env_id(cfg.env.id)
-    # the module whose Config typed cfg.algo: algo.name is a setting too, and may be anything
-    algorithm = sys.modules[OmegaConf.get_type(cfg.algo).__module__]
-    if cfg.env.atari and not getattr(algorithm, "ATARI", False):
+    # the record of the module whose Config typed cfg.algo: algo.name is a setting too, and may be anything
+    record = sys.modules[OmegaConf.get_type(cfg.algo).__module__].ALGORITHM
+    if cfg.env.atari and not record.takes_atari:
         raise UsageError(f"env.atari=true: algo={cfg.algo.name} does not apply the Atari preprocessing "
                          f"(algo=ppo does)")
-    algorithm.check_settings(cfg)
+    record.check_settings(cfg)
 
 
 def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
@@ -114,11 +98,11 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
     directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
                              tensorboard=cfg.tensorboard)
     from fiberrl.runtime import set_forkserver_preload
-    algorithm = algorithm_module(cfg.algo.name)
+    record = algorithm(cfg.algo.name)
     # local workers are forked with what they run already imported
-    set_forkserver_preload(getattr(algorithm, "WORKER_MODULES", [algorithm.__name__]))
+    set_forkserver_preload(list(record.worker_modules))
     try:
-        return algorithm.train(cfg, directory, on_iteration=on_iteration)
+        return record.train(cfg, directory, on_iteration=on_iteration)
     finally:
         directory.close()
 

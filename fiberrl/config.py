@@ -2,13 +2,13 @@
 against, so a misspelt key or a badly typed value fails at start."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from .validation import ANY, Rule, at_least, non_empty, optional
 
@@ -71,15 +71,21 @@ APP_RULES = {
 }
 
 
-def algorithm_module(name: str):
-    from algos import ALGORITHMS
-    return importlib.import_module(ALGORITHMS[name])
+def default_run_dir(resume, algo: str, env: str) -> str:
+    if resume:
+        return str(resume)
+    return str(Path("runs") / f"{algo}-{env}" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")[:-3])
+
+
+def register_resolvers() -> None:
+    """``${fiberrl_run_dir:...}``, which configs/config.yaml names hydra.run.dir with."""
+    OmegaConf.register_new_resolver("fiberrl_run_dir", default_run_dir, replace=True, use_cache=True)
 
 
 def register_configs(command_line: list[str] | None = None) -> None:
     """Put the schemas in Hydra's ConfigStore: every algorithm's, or, given
     the command line, only those it can use (see :func:`algorithms_used`)."""
-    from algos import ALGORITHMS
+    from algos import ALGORITHMS, algorithm
 
     store = ConfigStore.instance()
     store.store(name="app_schema", node=AppConfig)
@@ -87,7 +93,7 @@ def register_configs(command_line: list[str] | None = None) -> None:
     store.store(group="schema/env", name="env", node=EnvConfig)
     store.store(group="schema/backend", name="backend", node=BackendConfig)
     for name in (ALGORITHMS if command_line is None else algorithms_used(command_line)):
-        store.store(group="schema/algo", name=name, node=algorithm_module(name).Config)
+        store.store(group="schema/algo", name=name, node=algorithm(name).config)
 
 
 def algorithms_used(command_line: list[str]) -> list[str]:
@@ -96,7 +102,6 @@ def algorithms_used(command_line: list[str]) -> list[str]:
     another config) or it sweeps.  An algorithm's schema costs the import of
     its module, torch and all for PPO (about 1.5 s), which ES need not pay."""
     from algos import ALGORITHMS
-    from omegaconf import OmegaConf
 
     named = [arg.split("=", 1)[1] for arg in command_line if arg.startswith("algo=")]
     keys = [arg.lstrip("+~").split("=", 1)[0] for arg in command_line
@@ -115,8 +120,6 @@ def compose(overrides=()):
     running an algorithm from Python: ``fiberrl.app.run(compose([...]), run_dir)``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-
-    from .app import register_resolvers
 
     register_resolvers()
     register_configs()

@@ -13,7 +13,7 @@ when ``terminated[i] or truncated[i]``).  The last observation of a
 *truncated* episode, which the learner needs to bootstrap from, comes back in
 ``final_obs[i]``; a terminated one needs none.  Whole episodes that ended are
 reported as ``(env index, return, length)`` from gymnasium's episode
-statistics (for Atari: the whole game, unclipped).
+statistics (for Atari: the whole game, unclipped) as ``Episode``s.
 
 Determinism: env ``i`` of the whole batch (its *slot*) resets its ``k``-th
 episode with a seed derived from (run seed, slot, generation, k), whichever
@@ -38,6 +38,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -87,6 +88,24 @@ class SlotHistory:
     start: np.ndarray | None = None
 
 
+class Episode(NamedTuple):
+    """A whole episode that ended (for Atari: the game, not a life)."""
+    env: int                           # its env's index: in the server's envs, or in the whole batch
+    reward: float                      # its return, unclipped
+    length: int
+
+
+class ServerStep(NamedTuple):
+    """An env server's reply to ``step``: its envs' part of a ``Step``, indexed in the server."""
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict                    # env -> last obs of its truncated episode
+    episodes: list[Episode]
+    starts: dict                       # env -> the snapshot its new Atari episode starts from
+
+
 @dataclass
 class Step:
     obs: np.ndarray                    # (num_envs, *obs_shape): the observations to act on next
@@ -94,7 +113,7 @@ class Step:
     terminated: np.ndarray             # bool
     truncated: np.ndarray              # bool
     final_obs: dict = field(default_factory=dict)   # env index -> last obs of its truncated episode
-    episodes: list = field(default_factory=list)    # (env index, return, length) of whole episodes that ended
+    episodes: list[Episode] = field(default_factory=list)  # whole episodes that ended
 
 
 class EnvServer:
@@ -117,9 +136,7 @@ class EnvServer:
             return self._batch([self._new_episode(i) for i in range(len(self.envs))])
         return self._batch([self._replay(i, h) for i, h in enumerate(history)])
 
-    def step(self, actions) -> tuple:
-        """(obs, rewards, terminated, truncated, final obs {i: obs}, episodes [(i, return, length)],
-        snapshots {i: bytes} the new episodes of Atari envs start from)."""
+    def step(self, actions) -> ServerStep:
         n = len(self.envs)
         obs, rewards = [], np.zeros(n, np.float32)
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -130,7 +147,7 @@ class EnvServer:
                 if truncated[i] and not terminated[i]:
                     final[i] = np.asarray(o, self.obs_dtype)
                 if "episode" in info:  # the real end of the episode (of the game, for Atari)
-                    episodes.append((i, float(info["episode"]["r"]), int(info["episode"]["l"])))
+                    episodes.append(Episode(i, float(info["episode"]["r"]), int(info["episode"]["l"])))
                     self.episode[i] += 1
                     if self.spec.atari:
                         starts[i] = atari.snapshot(env)
@@ -140,7 +157,7 @@ class EnvServer:
                 else:  # a lost life: the game goes on from a reset that starts no new episode
                     o, _ = env.reset()
             obs.append(o)
-        return self._batch(obs), rewards, terminated, truncated, final, episodes, starts
+        return ServerStep(self._batch(obs), rewards, terminated, truncated, final, episodes, starts)
 
     def close(self) -> None:
         for env in self.envs:
@@ -271,30 +288,29 @@ class RemoteEnvs:
             self._record(k, part)
         except (ManagerError, TimeoutError) as exc:
             part = self._replace(k, exc)
-        obs, reward, terminated, truncated, final, episodes, _ = part
         base = self.slots(k).start
-        self._obs[base:base + self.envs_per_server] = obs
-        return Step(obs, reward, terminated, truncated, {base + i: o for i, o in final.items()},
-                    [(base + i, r, n) for i, r, n in episodes])
+        self._obs[base:base + self.envs_per_server] = part.obs
+        return Step(part.obs, part.reward, part.terminated, part.truncated,
+                    {base + i: o for i, o in part.final_obs.items()},
+                    [e._replace(env=base + e.env) for e in part.episodes])
 
     def history(self) -> list[SlotHistory]:
         return [SlotHistory(self._episode[i], np.array(self._actions[i]), np.array(self._life_resets[i], np.int64),
                             self._starts[i]) for i in range(self.num_envs)]
 
-    def _record(self, k: int, part: tuple) -> None:
+    def _record(self, k: int, part: ServerStep) -> None:
         """Mirror the server's resets in the slots' histories."""
-        _, _, terminated, truncated, _, episodes, starts = part
-        ended = {i for i, _, _ in episodes}
-        for i in np.flatnonzero(terminated | truncated):
+        ended = {e.env for e in part.episodes}
+        for i in np.flatnonzero(part.terminated | part.truncated):
             slot = k * self.envs_per_server + int(i)
             if int(i) in ended:
                 self._episode[slot] += 1
                 self._actions[slot], self._life_resets[slot] = [], []
-                self._starts[slot] = starts.get(int(i))
+                self._starts[slot] = part.starts.get(int(i))
             else:
                 self._life_resets[slot].append(len(self._actions[slot]))
 
-    def _replace(self, k: int, cause: BaseException) -> tuple:
+    def _replace(self, k: int, cause: BaseException) -> ServerStep:
         """A fresh server for server ``k``, and what its step reports: every
         episode it held truncated, with the last observation we had as the final one."""
         self.restarts += 1
@@ -319,7 +335,7 @@ class RemoteEnvs:
         n = self.envs_per_server
         last = self._obs[slots.start:slots.stop]
         final = {i: last[i].copy() for i in range(n)}
-        return obs, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), final, [], {}
+        return ServerStep(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), final, [], {})
 
     def pids(self) -> list[int | None]:
         return [m.pid for m in self.managers]

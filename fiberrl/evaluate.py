@@ -20,15 +20,13 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 import yaml
 
-from .config import algorithm_module
+from .algorithm import LoadedPolicy
 from .envs import UnknownEnvironment, make_env
-from .policies import RunningStat, make_policy, run_episode
 from .run import CHECKPOINT, load_npz
 
 CHECKPOINT_CHOICES = ("best", "latest")
@@ -79,83 +77,44 @@ def _newest_checkpoint(run_dir: Path) -> Path:
     return found[-1][1]
 
 
-def _observation_stats(arrays: dict, values: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std of the running normaliser saved in a checkpoint."""
-    stat = RunningStat.from_sums(arrays["obs_sum"], arrays["obs_sumsq"], values["obs_count"])
-    return stat.mean, stat.std
-
-
-def _load_parameters(run_dir: Path, which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, str]:
-    """(theta, obs_mean, obs_std, values, a description of what was loaded)."""
+def _policy_file(run_dir: Path, which: str) -> Path:
     if which == "best":
         path = run_dir / "best_policy.npz"
         if not path.is_file():
             hint = "; try --checkpoint latest" if list((run_dir / "checkpoints").glob("*.npz")) else ""
             raise RunError(f"{run_dir} has no best_policy.npz yet (no evaluation has finished){hint}")
-        arrays, values = _read_npz(path)
-        needed = ("theta", "obs_mean", "obs_std")
-    elif which == "latest":
-        path = _newest_checkpoint(run_dir)
-        arrays, values = _read_npz(path)
-        needed = ("theta", "obs_sum", "obs_sumsq")
-    else:
-        raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
-    missing = [k for k in needed if k not in arrays]
-    if which == "latest" and "obs_count" not in values:
-        missing.append("obs_count")
-    if missing:
-        raise RunError(f"{path} holds no {', '.join(missing)}: not a policy this tool can run")
-    if which == "best":
-        mean, std = arrays["obs_mean"], arrays["obs_std"]
-        reward = values.get("eval_reward")
-        detail = f"eval reward {reward:.2f}" if isinstance(reward, (int, float)) else "eval reward -"
-        described = f"best policy (iteration {values.get('iteration', '?')}, {detail})"
-    else:
-        mean, std = _observation_stats(arrays, values)
-        described = f"checkpoint {path.name} (iteration {values.get('iteration', '?')})"
-    return arrays["theta"], mean, std, values, described
+        return path
+    if which == "latest":
+        return _newest_checkpoint(run_dir)
+    raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
 
 
 @dataclass
-class LoadedPolicy:
-    environment: dict         # id, kwargs, max_episode_steps
-    policy: object
-    obs_mean: np.ndarray
-    obs_std: np.ndarray
-    obs_clip: float
+class Loaded:
+    environment: dict         # id, kwargs, max_episode_steps (and atari)
+    policy: LoadedPolicy
     described: str            # which parameters these are, for the first printed line
-    # (env, seed, on_step) -> (return, length), for an algorithm whose policies run their own
-    # episodes (PPO: a torch agent, a whole Atari game per episode); None: ``run_episode``
-    episode: Callable | None = None
 
     def run_episode(self, env, seed: int, on_step=None) -> tuple[float, int]:
-        if self.episode is not None:
-            return self.episode(env, seed, on_step)
-        total, steps, _ = run_episode(env, self.policy, self.obs_mean, self.obs_std, self.obs_clip, seed,
-                                      on_step=on_step)
-        return total, steps
+        return self.policy.run_episode(env, seed, on_step)
 
 
-def _own_evaluation(config: dict):
-    """The algorithm's ``evaluation_policy(config, arrays, values)`` when it has one (PPO), else None."""
-    from algos import ALGORITHMS
+def _load(run_dir, which: str) -> Loaded:
+    """The policy of the run in ``run_dir``, read by its algorithm, which alone knows its files."""
+    from algos import ALGORITHMS, algorithm
+
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
     name = config["algo"].get("name")
-    return getattr(algorithm_module(name), "evaluation_policy", None) if name in ALGORITHMS else None
-
-
-def _load_own(run_dir: Path, which: str, config: dict, evaluation_policy) -> LoadedPolicy:
-    if which == "best":
-        path = run_dir / "best_policy.npz"
-        if not path.is_file():
-            hint = "; try --checkpoint latest" if list((run_dir / "checkpoints").glob("*.npz")) else ""
-            raise RunError(f"{run_dir} has no best_policy.npz yet (no evaluation has finished){hint}")
-    elif which == "latest":
-        path = _newest_checkpoint(run_dir)
-    else:
-        raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
+    if name not in ALGORITHMS:
+        raise RunError(f"{run_dir / 'config.yaml'}: algo.name={name!r} is none of {', '.join(ALGORITHMS)}")
+    record = algorithm(name)
+    if record.load_policy is None:
+        raise RunError(f"{run_dir}: algo={name} saves no single policy this tool can run")
+    path = _policy_file(run_dir, which)
     arrays, values = _read_npz(path)
     try:
-        policy, episode = evaluation_policy(config, arrays, values)
+        policy = record.load_policy(config, arrays, values)
     except ValueError as exc:
         raise RunError(f"{path}: {exc}") from None
     if which == "best":
@@ -164,38 +123,16 @@ def _load_own(run_dir: Path, which: str, config: dict, evaluation_policy) -> Loa
         described = f"best policy (iteration {values.get('iteration', '?')}, {detail})"
     else:
         described = f"checkpoint {path.name} (iteration {values.get('iteration', '?')})"
-    return LoadedPolicy(env_config(config), policy, None, None, None, described, episode)
-
-
-def _load(run_dir, which: str) -> LoadedPolicy:
-    run_dir = Path(run_dir)
-    config = read_config(run_dir)
-    evaluation_policy = _own_evaluation(config)
-    if evaluation_policy is not None:
-        return _load_own(run_dir, which, config, evaluation_policy)
-    environment = env_config(config)
-    theta, obs_mean, obs_std, values, described = _load_parameters(run_dir, which)
-    algo = config["algo"]
-    # best_policy.npz records the policy it was saved with; a checkpoint relies on the config
-    kind = values.get("policy", algo.get("policy", "mlp"))
-    hidden = values.get("hidden", algo.get("hidden", [64, 64]))
-    obs_clip = float(values.get("obs_clip", algo.get("obs_clip", 5.0)))
-    env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"])
-    try:
-        policy = make_policy(kind, env.observation_space, env.action_space, hidden)
-        policy.set_params(theta)
-    except ValueError as exc:
-        raise RunError(f"{run_dir}: {exc}") from None
-    finally:
-        env.close()
-    return LoadedPolicy(environment, policy, obs_mean, obs_std, obs_clip, described)
+    return Loaded(env_config(config), policy, described)
 
 
 def load_policy(run_dir, which: str = "best"):
     """(env config dict, policy with the saved parameters, obs_mean, obs_std, obs_clip)
-    of the run in ``run_dir``; ``which`` is "best" or "latest"."""
+    of the run in ``run_dir``; ``which`` is "best" or "latest".  The last three are None for
+    a policy that normalises its observations itself (PPO's)."""
     loaded = _load(run_dir, which)
-    return loaded.environment, loaded.policy, loaded.obs_mean, loaded.obs_std, loaded.obs_clip
+    policy = loaded.policy
+    return loaded.environment, policy.policy, policy.obs_mean, policy.obs_std, policy.obs_clip
 
 
 def save_gif(frames: list, path, fps: float) -> Path:
@@ -219,7 +156,7 @@ def check_video_path(video) -> Path:
     return path
 
 
-def _record_video(loaded: LoadedPolicy, seed: int, path: Path, max_frames: int | None) -> tuple[float, int]:
+def _record_video(loaded: Loaded, seed: int, path: Path, max_frames: int | None) -> tuple[float, int]:
     # an env of its own: the render mode should not touch the episodes run without video
     environment = loaded.environment
     # frames are drawn off-screen; without this SDL looks for a display and complains on stderr
@@ -240,7 +177,7 @@ def _record_video(loaded: LoadedPolicy, seed: int, path: Path, max_frames: int |
     return total, steps
 
 
-def _run_episodes(loaded: LoadedPolicy, episodes: int, seed: int, video: Path | None, max_frames: int | None,
+def _run_episodes(loaded: Loaded, episodes: int, seed: int, video: Path | None, max_frames: int | None,
                   on_episode=None) -> list[tuple[float, int]]:
     environment = loaded.environment
     env = make_env(environment["id"], environment["kwargs"], environment["max_episode_steps"],

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .app import NOT_IN_FINGERPRINT, not_in_fingerprint
+from .algorithm import RESUME_MAY_CHANGE
 from .run import flatten as flatten_keys
 
 METRICS = ("eval_reward", "reward_mean", "reward_max", "charts/episodic_return")
 # runs that differ only in these are seeds of one configuration
-NOT_GROUPED_BY = NOT_IN_FINGERPRINT | {"seed"}
+NOT_GROUPED_BY = RESUME_MAY_CHANGE | {"seed"}
 # what eval_reward falls back to, in order, for a group in which some run logged none:
 # ES's mean return of its perturbed episodes, PPO's of its training episodes
 FALLBACKS = ("reward_mean", "charts/episodic_return")
@@ -100,11 +100,11 @@ def flatten(config: dict) -> dict:
 
 
 def _not_grouped_by(config: dict) -> set:
-    from algos import ALGORITHMS
+    from algos import ALGORITHMS, algorithm
     name = (config.get("algo") or {}).get("name") if isinstance(config.get("algo"), dict) else None
     if name not in ALGORITHMS:
         return NOT_GROUPED_BY
-    return not_in_fingerprint(name)[0] | {"seed"}
+    return algorithm(name).app_resume_may_change | {"seed"}
 
 
 def _settings(run: Run) -> dict:

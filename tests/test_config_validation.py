@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from algos import ALGORITHMS
+from algos import ALGORITHMS, algorithm
 from fiberrl import app
 from fiberrl.config import (APP_RULES, BACKEND_RULES, CONFIG_DIR, ENV_RULES, AppConfig, BackendConfig, EnvConfig,
-                            algorithm_module, compose)
+                            compose)
 from fiberrl.runtime import config as runtime_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,9 +211,8 @@ def test_every_field_of_every_config_has_a_rule():
     assert set(APP_RULES) | {"algo", "env", "backend"} == names(AppConfig)
     assert set(ENV_RULES) == names(EnvConfig) and set(BACKEND_RULES) == names(BackendConfig)
     for name in ALGORITHMS:
-        module = algorithm_module(name)
-        assert set(module.RULES) == names(module.Config), name
-        assert callable(module.check_settings), name
+        record = algorithm(name)
+        assert record.name == name and set(record.rules) == names(record.config), name
 
 
 def shipped(group: str) -> list[str]:

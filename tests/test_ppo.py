@@ -269,13 +269,14 @@ def test_presets_hold_cleanrls_and_the_zoos_settings():
             walker.algo.num_minibatches, walker.algo.update_epochs, walker.algo.gamma, walker.algo.clip_coef,
             walker.algo.ent_coef, walker.algo.norm_obs, walker.algo.norm_reward, walker.algo.learning_rate) == \
         ("ppo", "BipedalWalker-v3", 32, 2048, 64, 10, 0.999, 0.18, 0.0, True, True, 3e-4)
+    assert (walker.algo.anneal_lr, walker.algo.log_std_init, walker.algo.eval_deterministic) == (False, -1.0, True)
     assert compose(["+experiment=ppo_cartpole"]).algo.clip_coef == 0.2
 
 
 def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
     import gymnasium as gym
 
-    from algos.ppo import MLPAgent, Policy, evaluation_policy, state_arrays
+    from algos.ppo import MLPAgent, Policy, load_policy, state_arrays
     torch.manual_seed(0)
     box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     agent = MLPAgent(3, box, [8])
@@ -296,9 +297,19 @@ def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
 
     config = {"env": {"id": "Pendulum-v1"}, "algo": {"hidden": [8], "eval_deterministic": True}}
     pendulum = MLPAgent(3, gym.spaces.Box(-2.0, 2.0, (1,), np.float32), [8])
-    policy, _ = evaluation_policy(config, state_arrays(pendulum, None), {})
-    assert policy.deterministic
-    assert not evaluation_policy({**config, "algo": {"hidden": [8]}}, state_arrays(pendulum, None), {})[0].deterministic
+    assert load_policy(config, state_arrays(pendulum, None), {}).policy.deterministic
+    assert not load_policy({**config, "algo": {"hidden": [8]}}, state_arrays(pendulum, None), {}).policy.deterministic
+
+
+def test_log_std_init_sets_the_gaussians_starting_std_and_leaves_older_fingerprints_alone(tmp_path):
+    from fiberrl.app import fingerprint
+    summary = _train(tmp_path, "pendulum", ["env=pendulum", "workers=1", "algo.envs_per_worker=2", "algo.num_steps=8",
+                                            "algo.num_minibatches=1", "algo.update_epochs=1",
+                                            "algo.total_timesteps=16", "algo.learning_rate=1e-6",
+                                            "algo.log_std_init=-1.5"])
+    assert np.allclose(summary["agent"].actor_logstd.detach().numpy(), -1.5, atol=1e-4)
+    assert "log_std_init" not in fingerprint(compose(["algo=ppo"]))["algo"]
+    assert fingerprint(compose(["algo=ppo", "algo.log_std_init=-1"]))["algo"]["log_std_init"] == -1
 
 
 def test_a_cpu_learner_steps_its_envs_on_one_torch_thread_and_updates_on_all(tmp_path):

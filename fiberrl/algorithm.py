@@ -1,0 +1,45 @@
+"""What the app needs to know of an algorithm, declared by the algorithm.
+
+Each module in ``algos/`` ends with one ``ALGORITHM = Algorithm(...)`` record,
+and ``algos.ALGORITHMS`` names the module of each; ``algos.algorithm(name)``
+imports it and returns its record.  The app reads nothing else of an
+algorithm module.  This module imports nothing of the app, so an algorithm's
+workers do not pay for Hydra.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# top-level settings that do not change what a run computes, unless an algorithm says otherwise
+RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard"})
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A trained policy, ready to run episodes: what an algorithm's ``load_policy`` gives ``fiberrl.evaluate``."""
+    policy: Any
+    # (env, seed, on_step) -> (return, length): one episode reset with ``seed``, ``on_step()`` after each step
+    run_episode: Callable[..., tuple[float, int]]
+    # for ``fiberrl.evaluate.load_policy``'s callers: the observation normaliser the policy runs with
+    obs_mean: Any = None
+    obs_std: Any = None
+    obs_clip: float | None = None
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str                                   # algo=<name>
+    config: type                                # the dataclass of algo.*: defaults, and the Hydra schema
+    rules: dict                                 # what each algo.* field may hold (fiberrl.validation)
+    check_settings: Callable[[Any], None]       # (cfg) -> None, raising UsageError: the rules, then what
+                                                # the fields need together and of the env
+    train: Callable[..., dict]                  # (cfg, run directory, on_iteration=None) -> summary
+    # (run config dict, arrays, values of a checkpoint or best_policy.npz) -> LoadedPolicy;
+    # raises ValueError when the file holds no policy of this algorithm.  None: it saves none.
+    load_policy: Callable[[dict, dict, dict], LoadedPolicy] | None
+    worker_modules: tuple[str, ...]             # what its workers run: local workers are forked with these loaded
+    resume_may_change: frozenset[str]           # algo.* settings a resume may change (they change no result)
+    app_resume_may_change: frozenset[str] = RESUME_MAY_CHANGE  # the same of the top-level settings
+    takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
