@@ -31,11 +31,13 @@ import struct
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-SECRET_ENV = "FIBERRL_RUN_SECRET"
-SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
+from . import env_names
+
+SECRET_ENV = env_names.RUN_SECRET
+SECRET_FILE_ENV = env_names.RUN_SECRET_FILE
 # the run's public id, in the environment of every process of it: a plain multiprocessing
 # child checks the authkey its parent handed it against this before taking it for the secret
-RUN_ID_ENV = "FIBERRL_RUN_ID"
+RUN_ID_ENV = env_names.RUN_ID
 NONCE_BYTES = 32
 _secret: bytes | None = None
 

@@ -20,16 +20,14 @@ import types
 import typing
 from dataclasses import dataclass, fields
 
+from . import env_names
 from .backends import BACKENDS
 
-ENV_PREFIX = "FIBERRL_"
-FILE_ENV = "FIBERRL_CONFIG_FILE"
+ENV_PREFIX = env_names.PREFIX
+FILE_ENV = env_names.CONFIG_FILE
 DEFAULT_FILE = "fiberrl.toml"
 # variables the runtime hands to its children; not configuration keys
-RESERVED_ENV = {"FIBERRL_RUN_SECRET", "FIBERRL_RUN_SECRET_FILE", "FIBERRL_RUN_ID", "FIBERRL_PARENT_ADDRESS",
-                "FIBERRL_PROCESS_ID", "FIBERRL_RESOLVED_CONFIG", "FIBERRL_HOME", "FIBERRL_POD_NAME",
-                "FIBERRL_POD_NAMESPACE", "FIBERRL_POD_IP", "FIBERRL_FORWARD_OUTPUT", "FIBERRL_RESOURCE_TRACKER",
-                FILE_ENV}
+RESERVED_ENV = env_names.RESERVED
 
 
 class ConfigError(ValueError):

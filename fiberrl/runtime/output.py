@@ -13,11 +13,12 @@ import os
 import sys
 import threading
 
+from . import env_names
 from .parent_link import ParentLink
 from .transport import PeerGone
 
 # set in a job's environment when its backend does not share the parent's terminal
-FORWARD_OUTPUT_ENV = "FIBERRL_FORWARD_OUTPUT"
+FORWARD_OUTPUT_ENV = env_names.FORWARD_OUTPUT
 CHUNK = 1 << 16
 DRAIN_SECONDS = 2.0  # at exit, how long a grandchild still holding a descriptor may delay the exit
 

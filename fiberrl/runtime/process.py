@@ -18,7 +18,7 @@ import threading
 import uuid
 from multiprocessing.process import AuthenticationString
 
-from . import auth, wire
+from . import auth, env_names, wire
 from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
 from .backends.base import CHILD_COMMAND
 from .config import get_config, serialize
@@ -29,9 +29,9 @@ from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
 from .resource_tracking import TRACKER_ENV, describe_for_children
 
-PARENT_ADDRESS_ENV = "FIBERRL_PARENT_ADDRESS"
-PROCESS_ID_ENV = "FIBERRL_PROCESS_ID"
-CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"
+PARENT_ADDRESS_ENV = env_names.PARENT_ADDRESS
+PROCESS_ID_ENV = env_names.PROCESS_ID
+CONFIG_ENV = env_names.RESOLVED_CONFIG
 
 log = logging.getLogger("fiberrl")
 _children: set["Process"] = set()

@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 import os
 
-TRACKER_ENV = "FIBERRL_RESOURCE_TRACKER"
+from . import env_names
+
+TRACKER_ENV = env_names.RESOURCE_TRACKER
 
 
 @functools.cache  # read once: the kernel's boot does not change under a process

@@ -9,6 +9,7 @@ import sys
 import threading
 import uuid
 
+from .. import env_names
 from .base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus
 
 BACKENDS = {
@@ -77,7 +78,7 @@ def _watch_owner(name: str, backend: Backend) -> None:
     atexit.register(backend.cleanup, OWNER)
     if backend.needs_reaper():
         from ..config import get_config, serialize
-        env = dict(os.environ, FIBERRL_RESOLVED_CONFIG=serialize(get_config()))
+        env = dict(os.environ, **{env_names.RESOLVED_CONFIG: serialize(get_config())})
         reaper = subprocess.Popen(
             [sys.executable, "-m", "fiberrl.runtime.backends.reaper", str(os.getpid()), name, OWNER],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)

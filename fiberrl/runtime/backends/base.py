@@ -12,12 +12,14 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
+from .. import env_names
+
 # what every job-backed process runs
 CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
 
 # what a job on another machine or in a container inherits from this
 # process's environment: its own variables would name paths of this host
-FORWARDED_PREFIXES = ("FIBERRL_",)
+FORWARDED_PREFIXES = (env_names.PREFIX,)
 FORWARDED_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE",
                    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "HYDRA_FULL_ERROR")
 # exit code of a job the cluster never ran (unschedulable, cancelled while pending)

@@ -36,12 +36,12 @@ import subprocess
 import sys
 import threading
 
-from .. import auth
+from .. import auth, env_names
 from ..main_module import import_parents_main, preparation_data
 
 _MESSAGE = 1 << 20
-_SOCKET_ENV = "FIBERRL_FORK_SERVER_FD"
-_WITHOUT_MAIN_ENV = "FIBERRL_FORK_SERVER_WITHOUT_MAIN"  # set when the server starts afresh
+_SOCKET_ENV = env_names.FORK_SERVER_FD
+_WITHOUT_MAIN_ENV = env_names.FORK_SERVER_WITHOUT_MAIN  # set when the server starts afresh
 SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.backends.forkserver import serve; serve()"]
 _preload_modules: list[str] = []
 

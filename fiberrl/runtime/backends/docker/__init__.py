@@ -38,7 +38,8 @@ DockerError).
 from .backend import DockerBackend
 from .common import (CONTAINER_ID, DOCKER_SOCKET, LABEL_OWNER, LABEL_PROCESS, LABEL_RUN, LABEL_SUBMITTED,
                      SOCKET_VOLUME, STARTERS, DockerError, docker_host, exit_code)
-from .probes import can_bind, in_container, interface_address, own_container_candidates, route_source
+from ..probes import can_bind, interface_address, route_source
+from .probes import in_container, own_container_candidates
 
 __all__ = ["CONTAINER_ID", "DOCKER_SOCKET", "LABEL_OWNER", "LABEL_PROCESS", "LABEL_RUN", "LABEL_SUBMITTED",
            "SOCKET_VOLUME", "STARTERS", "DockerBackend", "DockerError", "can_bind", "docker_host", "exit_code",

@@ -7,8 +7,9 @@ from __future__ import annotations
 import ipaddress
 import os
 
+from ... import env_names
+from ..probes import can_bind, interface_address, route_source
 from .common import DockerError
-from .probes import can_bind, interface_address, route_source
 
 
 class NetworkMixin:
@@ -40,7 +41,7 @@ class NetworkMixin:
         return host
 
     def _find_listen_host(self) -> str:
-        parent = os.environ.get("FIBERRL_PARENT_ADDRESS")
+        parent = os.environ.get(env_names.PARENT_ADDRESS)
         if parent:
             # a job: its jobs share its network, and its address there is the one
             # it reaches its own parent from (no Docker API needed to find it)

@@ -1,10 +1,7 @@
 """What this machine says about itself without the Docker API: whether this
-process runs in a container (and which ids that container may have), its
-address on the route to a host or on an interface, and whether it can bind
-an address."""
+process runs in a container, and which ids that container may have."""
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 
@@ -45,38 +42,3 @@ def own_container_candidates() -> list[str]:
     if re.fullmatch(r"[0-9a-f]{12}", hostname):
         found.append(hostname)
     return found
-
-
-def route_source(host: str) -> str | None:
-    """This machine's address on the route to ``host`` (no packet is sent)."""
-    try:
-        if not host or ipaddress.ip_address(host).is_loopback:
-            return None
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            return probe.getsockname()[0]
-    except (OSError, ValueError):
-        return None
-
-
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of network interface ``name`` (Linux), or None."""
-    try:
-        import fcntl
-        import struct
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-        return socket.inet_ntoa(packed[20:24])
-    except (OSError, ImportError):
-        return None
-
-
-def can_bind(address: str) -> bool:
-    try:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-        return True
-    except OSError:
-        return False

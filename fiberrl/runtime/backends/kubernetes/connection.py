@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 
+from .. import probes
 from .api import api_message
 from .names import POD_NAME_ENV, POD_NAMESPACE_ENV
 
@@ -17,7 +18,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def route_source(host: str, port: int) -> str:
-    """The local address the route to ``host`` leaves from."""
+    """The local address the route to ``host`` (a name or an address) leaves from."""
     try:
         infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
         address = infos[0][4][0]
@@ -25,12 +26,7 @@ def route_source(host: str, port: int) -> str:
         address = None
     if address is None or address.startswith("127."):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((address, port))  # no packet is sent
-            return probe.getsockname()[0]
-        except OSError:
-            return socket.gethostbyname(socket.gethostname())
+    return probes.route_source(address, port) or socket.gethostbyname(socket.gethostname())
 
 
 class _Connection:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 
-POD_NAME_ENV = "FIBERRL_POD_NAME"
-POD_NAMESPACE_ENV = "FIBERRL_POD_NAMESPACE"
-POD_IP_ENV = "FIBERRL_POD_IP"
-SECRET_ENV = "FIBERRL_RUN_SECRET"
-SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
+from ... import env_names
+
+POD_NAME_ENV = env_names.POD_NAME
+POD_NAMESPACE_ENV = env_names.POD_NAMESPACE
+POD_IP_ENV = env_names.POD_IP
+SECRET_ENV = env_names.RUN_SECRET
+SECRET_FILE_ENV = env_names.RUN_SECRET_FILE
 # set in every pod by the backend itself, never copied from the parent's environment
 POD_SET_ENV = {SECRET_ENV, SECRET_FILE_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV, POD_IP_ENV}
-CONFIG_ENV = "FIBERRL_RESOLVED_CONFIG"
+CONFIG_ENV = env_names.RESOLVED_CONFIG
 
 RUN_LABEL = "fiberrl.run"
 OWNER_LABEL = "fiberrl.owner"

@@ -7,33 +7,8 @@ import re
 import socket
 import subprocess
 
+from ..probes import is_local_address, route_source
 from .commands import SlurmError, run_command
-
-
-def _is_local_address(address: str) -> bool:
-    try:
-        if ipaddress.ip_address(address).is_loopback:
-            return True
-    except ValueError:
-        return False
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.bind((address, 0))
-        return True
-    except OSError:
-        return False
-
-
-def _route_source(address: str) -> str | None:
-    """This host's source address on the route to ``address``."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 6817))
-            return probe.getsockname()[0]
-    except OSError:
-        return None
 
 
 def _resolve(name: str) -> list[str]:
@@ -67,9 +42,9 @@ def find_listen_host() -> str:
         pass
     for target in targets:
         for address in _resolve(target):
-            if _is_local_address(address):
+            if is_local_address(address):
                 continue
-            source = _route_source(address)
+            source = route_source(address, 6817)
             if source and not ipaddress.ip_address(source.split("%")[0]).is_loopback:
                 return source
     # the controller and the nodes are this host: its name's address, else loopback
@@ -78,6 +53,6 @@ def find_listen_host() -> str:
     except OSError:
         hostname = ""
     for address in _resolve(hostname) if hostname else []:
-        if not ipaddress.ip_address(address.split("%")[0]).is_loopback and _is_local_address(address):
+        if not ipaddress.ip_address(address.split("%")[0]).is_loopback and is_local_address(address):
             return address
     return "127.0.0.1"

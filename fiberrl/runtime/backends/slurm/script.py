@@ -7,11 +7,12 @@ import re
 import shlex
 import uuid
 
+from ... import env_names
 from ..base import JobSpec, remote_env
 from .commands import SlurmError
 
-SECRET_ENV = "FIBERRL_RUN_SECRET"
-SECRET_FILE_ENV = "FIBERRL_RUN_SECRET_FILE"
+SECRET_ENV = env_names.RUN_SECRET
+SECRET_FILE_ENV = env_names.RUN_SECRET_FILE
 # variables of this shell a job always gets, beyond remote_env's
 JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
 
