@@ -80,8 +80,8 @@ def auth_cost(n):
     """Connecting with the HMAC handshake vs a bare TCP connect, and one request after."""
     import socket
 
-    from fiberrl.runtime import transport
-    from fiberrl.runtime.hub import PING, get_hub
+    from fiberrl.runtime.net import transport
+    from fiberrl.runtime.processes.hub import PING, get_hub
     address = get_hub().address
     host, _, port = address.rpartition(":")
     t = time.perf_counter()

@@ -13,8 +13,8 @@ import socket
 import statistics
 import time
 
-from fiberrl.runtime import stream
-from fiberrl.runtime.listener import Listener
+from fiberrl.runtime.net import stream
+from fiberrl.runtime.net.listener import Listener
 
 SIZES = (100, 64 << 10, 1 << 20)
 

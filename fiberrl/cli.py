@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from .runtime import auth
 from .runtime.backends import BACKENDS, JobSpec, make_backend
 from .runtime.config import ENV_PREFIX, ConfigError, RuntimeConfig, configure, get_config
+from .runtime.net import auth
 
 CLUSTER_BACKENDS = [name for name in BACKENDS if name != "local"]
 RECORDS = Path(os.environ.get("FIBERRL_HOME", Path.home() / ".fiberrl")) / "submitted"

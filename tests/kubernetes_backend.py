@@ -45,7 +45,7 @@ def leftovers(settle: float = 5.0) -> list[str]:
     Pods are deleted in the background once their exit is seen, and
     dependents after their owner, so this waits up to ``settle`` seconds for
     the list to empty."""
-    from fiberrl.runtime import auth
+    from fiberrl.runtime.net import auth
     keep = (auth.run_id(),)
     deadline = time.monotonic() + settle
     while True:

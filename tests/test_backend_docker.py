@@ -13,14 +13,14 @@ import textwrap
 import time
 import uuid
 
-import pytest
-
 import docker_backend
-import fiberrl.runtime as mp
+import pytest
 from conftest import ROOT, clean_up_as_at_exit, wait_until
-from fiberrl.runtime import auth
+
+import fiberrl.runtime as mp
 from fiberrl.runtime.backends import OWNER, JobSpec, get_backend
 from fiberrl.runtime.backends.docker import DockerBackend, DockerError, exit_code
+from fiberrl.runtime.net import auth
 
 REASON = docker_backend.available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"docker backend cannot run here: {REASON}")

@@ -21,10 +21,11 @@ import pytest
 from conftest import PYTHON, ROOT, pid_alive, wait_until
 
 import fiberrl.runtime as mp
-from fiberrl.runtime import auth, config
+from fiberrl.runtime import config
 from fiberrl.runtime.backends import NEVER_RAN_EXIT, OWNER, JobSpec, JobStatus, get_backend
 from fiberrl.runtime.backends.kubernetes import KubernetesBackend, _Connection, label_value, route_source
-from fiberrl.runtime.process import CHILD_COMMAND
+from fiberrl.runtime.net import auth
+from fiberrl.runtime.processes.process import CHILD_COMMAND
 
 pytestmark = pytest.mark.skipif(kb.available() is not None, reason=kb.available() or "")
 

@@ -16,13 +16,14 @@ import threading
 import time
 
 import pytest
+from conftest import ROOT, wait_until
+from slurm_backend import available, kill_job, leftovers, settings
 
 import fiberrl.runtime as mp
-from conftest import ROOT, wait_until
-from fiberrl.runtime import auth, config
+from fiberrl.runtime import config
 from fiberrl.runtime.backends import NEVER_RAN_EXIT, OWNER, JobSpec, get_backend
 from fiberrl.runtime.backends.slurm import SlurmError
-from slurm_backend import available, kill_job, leftovers, settings
+from fiberrl.runtime.net import auth
 
 REASON = available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no Slurm cluster: {REASON}")

@@ -70,7 +70,7 @@ def test_bad_values_say_what_was_wrong(monkeypatch, tmp_path):
 def test_import_does_no_work():
     import subprocess
     import sys
-    code = ("import threading, fiberrl.runtime as mp, fiberrl.runtime.config as c, fiberrl.runtime.hub as h;"
+    code = ("import threading, fiberrl.runtime as mp, fiberrl.runtime.config as c, fiberrl.runtime.processes.hub as h;"
             "assert c._config is None and h._hub is None;"
             "assert [t.name for t in threading.enumerate()] == ['MainThread']; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -6,7 +6,8 @@ import pickle
 import pytest
 
 import fiberrl.runtime as mp
-from fiberrl.runtime import auth, config
+from fiberrl.runtime import config
+from fiberrl.runtime.net import auth
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,7 @@ def test_cpu_and_mem_per_job_reach_the_jobspec_of_jobs_without_meta(monkeypatch)
         specs.append(spec)
         raise RuntimeError("recorded")
 
-    monkeypatch.setattr("fiberrl.runtime.process.start_job", record)
+    monkeypatch.setattr("fiberrl.runtime.processes.process.start_job", record)
     mp.init(cpu_per_job=2, mem_per_job=512)
     with pytest.raises(RuntimeError, match="recorded"):
         mp.Process(target=send_authkey, args=(None,)).start()

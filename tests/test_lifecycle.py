@@ -36,7 +36,7 @@ NORMAL_EXIT = textwrap.dedent("""
 
     def check_after_runtime_cleanup():
         # registered before fiberrl is used, so it runs after fiberrl's own exit hooks
-        import fiberrl.runtime.hub as hub
+        import fiberrl.runtime.processes.hub as hub
         assert hub.current_hub() is None, "hub still open at exit"
         names = [t.name for t in threading.enumerate() if t.name.startswith("fiberrl")]
         assert not names, f"threads left: {names}"

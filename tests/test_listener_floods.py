@@ -9,8 +9,10 @@ import threading
 import time
 
 from conftest import ROOT, wait_until
-from fiberrl.runtime import auth, listener as listener_module, stream
-from fiberrl.runtime.listener import Listener
+
+from fiberrl.runtime.net import auth, stream
+from fiberrl.runtime.net import listener as listener_module
+from fiberrl.runtime.net.listener import Listener
 
 
 def echo(s):
@@ -26,7 +28,7 @@ def connect_tcp(address: str) -> stream.Stream:
 
 LISTENER_WITH_FEW_FDS = textwrap.dedent("""
     import resource, sys, time
-    from fiberrl.runtime.listener import Listener
+    from fiberrl.runtime.net.listener import Listener
     def echo(s):
         while True:
             s.send([s.recv()])

@@ -11,12 +11,11 @@ from functools import partial
 
 import gymnasium as gym
 import pytest
+from test_security import Evil, listening_sockets
 
 import fiberrl.runtime as mp
-from fiberrl.runtime import auth, stream, wire
 from fiberrl.runtime.managers import AsyncManager, BaseManager, ManagerError, SyncManager
-
-from test_security import Evil, listening_sockets
+from fiberrl.runtime.net import auth, stream, wire
 
 
 def add_one(shared, lock):

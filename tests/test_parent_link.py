@@ -1,4 +1,4 @@
-"""A job's link to its parent (fiberrl.runtime.parent_link): real streams and sockets."""
+"""A job's link to its parent (fiberrl.runtime.processes.parent_link): real streams and sockets."""
 import os
 import socket
 import threading
@@ -8,9 +8,9 @@ import pytest
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.backends import listen_host
-from fiberrl.runtime.hub import LAUNCH, PING, get_hub
-from fiberrl.runtime.parent_link import ChildLinks, ParentLink
-from fiberrl.runtime.transport import ERROR, MISSING, OK, PeerGone
+from fiberrl.runtime.net.transport import ERROR, MISSING, OK, PeerGone
+from fiberrl.runtime.processes.hub import LAUNCH, PING, get_hub
+from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
 
 
 def thread_names(_):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fiberrl.runtime as mp
-from fiberrl.runtime.hub import get_hub
+from fiberrl.runtime.processes.hub import get_hub
 
 N_PER_WRITER = 200
 

@@ -10,13 +10,13 @@ import time
 
 import cloudpickle
 import pytest
+from conftest import wait_until
 
 import fiberrl.runtime as mp
-from conftest import wait_until
-from fiberrl.runtime import auth, stream, transport, wire
-from fiberrl.runtime.hub import get_hub
-from fiberrl.runtime.listener import Listener
+from fiberrl.runtime.net import auth, stream, transport, wire
+from fiberrl.runtime.net.listener import Listener
 from fiberrl.runtime.pool.worker import CHUNK
+from fiberrl.runtime.processes.hub import get_hub
 
 _dial = socket.create_connection
 linux_only = pytest.mark.skipif(not stream.LOCAL_SOCKETS, reason="abstract Unix sockets are Linux only")
@@ -361,7 +361,7 @@ def test_a_listener_whose_local_name_is_taken_refuses_and_says_so(monkeypatch, c
     assert holder is not None
     holder.listen(1)
     monkeypatch.setattr(auth, "local_name", lambda address, secret=None: name)
-    from fiberrl.runtime.listener import ListenerError
+    from fiberrl.runtime.net.listener import ListenerError
     with pytest.raises(ListenerError, match="held by another process"):
         Listener("127.0.0.1", lambda s: None)
     assert "held by another process" in caplog.text

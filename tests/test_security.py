@@ -7,7 +7,7 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
-from fiberrl.runtime import transport, wire
+from fiberrl.runtime.net import transport, wire
 
 
 def listening_sockets(pid: int) -> list[tuple[str, int]]:
@@ -117,7 +117,7 @@ def test_wrong_secret_is_refused():
     """A client holding another secret fails the handshake both ways."""
     q = mp.Queue()
     address = q._ref.address
-    from fiberrl.runtime import auth
+    from fiberrl.runtime.net import auth
     real = auth.run_secret()
     auth._secret = os.urandom(32)
     try:
@@ -136,7 +136,7 @@ def report_env_and_argv(out):
 
 
 def test_secret_reaches_children_through_environment_only():
-    from fiberrl.runtime import auth
+    from fiberrl.runtime.net import auth
     out = mp.Queue()
     p = mp.Process(target=report_env_and_argv, args=(out,))
     p.start()

@@ -9,10 +9,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import wait_until
-from fiberrl.runtime import auth, shared_frames, stream
-from fiberrl.runtime.listener import Listener
+
+from fiberrl.runtime.net import auth, shared_frames, stream
+from fiberrl.runtime.net.listener import Listener
 
 pytestmark = pytest.mark.skipif(not (stream.LOCAL_SOCKETS and shared_frames.AVAILABLE),
                                 reason="shared frame rings need Linux (abstract Unix sockets and memfd)")
@@ -264,7 +264,7 @@ def test_readable_works_for_a_stream_whose_fds_are_past_1024():
     """select() cannot watch fds from 1024 on; a pool's master holds that many."""
     import resource
 
-    from fiberrl.runtime.hub import raise_open_files_limit
+    from fiberrl.runtime.processes.hub import raise_open_files_limit
     raise_open_files_limit()
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
         pytest.skip("this process may not open 1200 files (its hard limit is lower)")

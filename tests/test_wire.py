@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fiberrl.runtime import wire
+from fiberrl.runtime.net import wire
 
 ARRAYS = {
     "float32 vector": np.arange(4, dtype=np.float32),

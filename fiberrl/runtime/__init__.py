@@ -4,20 +4,42 @@ multiprocessing code.
 
 Importing opens no socket, starts no thread and reads no configuration.
 """
-from .backends.forkserver import set_forkserver_preload
 from .config import ConfigError, RuntimeConfig, configure, get_config, init
 from .connection import Connection, Pipe
-from .context import (AuthenticationError, BufferTooShort, ProcessError, freeze_support, get_all_start_methods,
-                      get_context, get_logger, get_start_method, log_to_stderr, set_start_method)
+from .context import (
+                      AuthenticationError,
+                      BufferTooShort,
+                      ProcessError,
+                      freeze_support,
+                      get_all_start_methods,
+                      get_context,
+                      get_logger,
+                      get_start_method,
+                      log_to_stderr,
+                      set_start_method,
+)
 from .managers import AsyncManager, BaseManager, Manager, ManagerError, SyncManager
 from .meta import meta
+from .net.transport import PeerGone
 from .pool import AsyncResult, Pool, PoolTerminated, TimeoutError, WorkerLostError
-from .process import Process, active_children, cpu_count, current_process, parent_process
+from .processes.fork_server import set_forkserver_preload
+from .processes.process import Process, active_children, cpu_count, current_process, parent_process
 from .queues import Empty, Full, Queue, SimpleQueue
 from .ring import Ring, RingError
-from .synchronize import (Array, Barrier, BoundedSemaphore, Condition, Event, JoinableQueue, Lock, RawArray, RawValue,
-                          RLock, Semaphore, Value)
-from .transport import PeerGone
+from .synchronize import (
+                      Array,
+                      Barrier,
+                      BoundedSemaphore,
+                      Condition,
+                      Event,
+                      JoinableQueue,
+                      Lock,
+                      RawArray,
+                      RawValue,
+                      RLock,
+                      Semaphore,
+                      Value,
+)
 
 __all__ = [
     "Array", "AsyncManager", "AsyncResult", "AuthenticationError", "Barrier", "BaseManager", "BoundedSemaphore",

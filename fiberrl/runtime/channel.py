@@ -16,9 +16,9 @@ import time
 import uuid
 from collections import deque
 
-from . import wire
-from .hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
-from .transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request, check_size
+from .net import wire
+from .net.transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request, check_size
+from .processes.hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
 
 _TIMEOUT = struct.Struct("<d")
 _SIZE = struct.Struct("<q")

@@ -21,11 +21,12 @@ import typing
 from dataclasses import dataclass, fields
 
 from . import env_names
-from .backends import BACKENDS
 
 ENV_PREFIX = env_names.PREFIX
 FILE_ENV = env_names.CONFIG_FILE
 DEFAULT_FILE = "fiberrl.toml"
+# the backends (runtime.backends.BACKENDS has where each is; the settings come before any of them)
+BACKEND_NAMES = ("local", "docker", "kubernetes", "slurm")
 # variables the runtime hands to its children; not configuration keys
 RESERVED_ENV = env_names.RESERVED
 
@@ -110,7 +111,7 @@ _SECONDS = (_seconds, "a finite number of seconds > 0")
 _SECONDS_OR_NONE = (lambda value: math.isfinite(value) and value >= 0, "a finite number of seconds >= 0")
 # what a setting may hold beyond its type, checked wherever it comes from: setting -> (test, what is allowed)
 _LIMITS = {
-    "backend": (lambda name: name == "auto" or name in BACKENDS, f"one of auto, {', '.join(BACKENDS)}"),
+    "backend": (lambda name: name == "auto" or name in BACKEND_NAMES, f"one of auto, {', '.join(BACKEND_NAMES)}"),
     "heartbeat_interval": _SECONDS,
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,

@@ -13,7 +13,6 @@ exits does not end the pipe for another process that still holds an end.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing.connection
 import os
@@ -23,15 +22,14 @@ import time
 import weakref
 
 from .channel import ChannelClosed, ChannelRef, new_channel
-from .hub import current_hub
+from .processes.handover import handed_over
+from .processes.handover import writers as _writers
+from .processes.hub import current_hub
 
 # how often wait() looks at its fiberrl connections while it watches file descriptors too
 WAIT_SLICE = 0.01
 _NOTHING = object()
 _EOF = object()
-# the handles of this process that can send, closed when it ends
-_writers: "weakref.WeakSet[Connection]" = weakref.WeakSet()
-_pickling = threading.local()
 
 
 class _Ownership:
@@ -65,9 +63,8 @@ class Connection:
                 self._outbox.pend(token)
             except OSError:
                 token = None  # its creator is gone: there is nothing left to count it
-            handed = getattr(_pickling, "handed", None)
-            if handed is not None and token is not None:
-                handed.append((self._outbox, token))
+            if token is not None:
+                handed_over(self._outbox, token)
         return Connection, (self._inbox, self._outbox, None, token)
 
     @property
@@ -284,27 +281,6 @@ os.register_at_fork(before=_forked_copies.before, after_in_parent=_forked_copies
                     after_in_child=_forked_copies.in_child)
 
 
-@contextlib.contextmanager
-def handing_over():
-    """Collect the writer handles pickled on this thread inside the block, as
-    (channel, token): a process's launch gives back those its job never took."""
-    outer = getattr(_pickling, "handed", None)
-    _pickling.handed = handed = []
-    try:
-        yield handed
-    finally:
-        _pickling.handed = outer
-
-
-def close_active_connections() -> None:
-    """Close the handles this process could send on (run at exit)."""
-    for conn in list(_writers):
-        try:
-            conn.close()
-        except Exception as exc:
-            logging.getLogger("fiberrl").warning("could not tell a pipe's reader it was closed: %s", exc)
-
-
 # multiprocessing.connection's sockets between programs, as they are: a process of the run
 # authenticates them with multiprocessing's authkey, which is the run's secret (auth.run_secret)
 Listener = multiprocessing.connection.Listener
@@ -313,5 +289,4 @@ families = multiprocessing.connection.families
 deliver_challenge = multiprocessing.connection.deliver_challenge
 answer_challenge = multiprocessing.connection.answer_challenge
 
-__all__ = ["Client", "Connection", "Listener", "Pipe", "answer_challenge", "close_active_connections",
-           "deliver_challenge", "families", "handing_over", "wait"]
+__all__ = ["Client", "Connection", "Listener", "Pipe", "answer_challenge", "deliver_challenge", "families", "wait"]

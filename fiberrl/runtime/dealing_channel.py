@@ -15,8 +15,8 @@ import time
 from collections import deque
 
 from .channel import LOCAL, Channel, ChannelClosed
-from .hub import get_hub
-from .transport import CLOSED, EMPTY, OK, Request
+from .net.transport import CLOSED, EMPTY, OK, Request
+from .processes.hub import get_hub
 
 IDLE_SECONDS = 1.0
 

@@ -15,7 +15,7 @@ import weakref
 from .channel import Channel, ChannelRef, new_channel
 from .connection import Pipe  # noqa: F401  (Fiber's code imports it from here)
 from .dealing_channel import DealingChannel
-from .hub import current_hub
+from .processes.hub import current_hub
 
 Empty = _queue.Empty
 Full = _queue.Full

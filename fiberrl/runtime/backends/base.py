@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .. import env_names
 
 # what every job-backed process runs
-CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.child import main; main()"]
+CHILD_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.processes.child import main; main()"]
 
 # what a job on another machine or in a container inherits from this
 # process's environment: its own variables would name paths of this host

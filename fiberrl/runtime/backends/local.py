@@ -11,7 +11,16 @@ import uuid
 from collections import Counter
 
 from .base import CHILD_COMMAND, Backend, Job, JobSpec, JobStatus
-from .forkserver import ForkServer
+
+# what forks local jobs of CHILD_COMMAND from a process that has the runtime imported: the processes
+# layer installs its fork server (runtime/processes/fork_server.py) here, the backend knows only that
+# it has start(env, cwd), alive, owner_pid, python_path and close()
+_fork_server_type = None
+
+
+def install_fork_server(server_type) -> None:
+    global _fork_server_type
+    _fork_server_type = server_type
 
 
 def visible_gpus() -> list[str]:
@@ -36,7 +45,7 @@ class LocalBackend(Backend):
         self._gpus: list[str] | None = None
         self._gpu_load: Counter = Counter()
         self._lock = threading.Lock()
-        self._fork_server: ForkServer | None = None
+        self._fork_server = None
 
     def listen_host(self) -> str:
         return "127.0.0.1"
@@ -74,12 +83,13 @@ class LocalBackend(Backend):
     def _fork(self, command: list[str], env: dict, cwd: str):
         """The job forked from the fork server, or None where it must be a fresh interpreter."""
         from ..config import get_config
-        if not get_config().local_fork_server or command != CHILD_COMMAND or sys.platform != "linux":
+        if not get_config().local_fork_server or command != CHILD_COMMAND or sys.platform != "linux" \
+                or _fork_server_type is None:
             return None
         with self._lock:
             server = self._fork_server
             if server is None or not server.alive or server.owner_pid != os.getpid():
-                self._fork_server = ForkServer()
+                self._fork_server = _fork_server_type()
             server = self._fork_server
         if env.get("PYTHONPATH", "") != server.python_path:
             return None  # the server's sys.path would not be the job's

@@ -16,12 +16,20 @@ import time
 import weakref
 
 from ..config import get_config
-from ..process import Process
+from ..processes.process import Process
 from ..queues import Queue
 from .proxy import BaseProxy, ManagerError, ManagerRef, create
 from .server import M_COUNT, M_DEBUG_INFO, M_SHUTDOWN, serve
-from .sync_types import (CONTAINER_RESULTS, POOL_RESULTS, SYNC_TYPES, AsyncResultProxy, BatchesProxy, IteratorProxy,
-                         PoolProxy, _pool)
+from .sync_types import (
+    CONTAINER_RESULTS,
+    POOL_RESULTS,
+    SYNC_TYPES,
+    AsyncResultProxy,
+    BatchesProxy,
+    IteratorProxy,
+    PoolProxy,
+    _pool,
+)
 
 log = logging.getLogger("fiberrl")
 

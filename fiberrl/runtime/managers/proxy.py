@@ -13,10 +13,10 @@ import weakref
 from collections import deque
 from multiprocessing.managers import RemoteError
 
-from .. import wire
+from ..net import wire
+from ..net.calls import Connection
+from ..net.stream import StreamClosed
 from ..pool.results import with_remote_traceback
-from ..calls import Connection
-from ..stream import StreamClosed
 from .server import GETVALUE, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
 
 

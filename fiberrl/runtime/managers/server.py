@@ -2,7 +2,7 @@
 the shared objects; proxies in any process of the run call their methods.
 
 Each thread of a client process talks to the server over a stream of its
-own (:mod:`fiberrl.runtime.stream`), served by a thread of its own, as
+own (:mod:`fiberrl.runtime.net.stream`), served by a thread of its own, as
 ``multiprocessing`` gives each a connection: calls run in the order sent,
 on the thread that read them (no hop), and a blocking call (a
 ``Lock.acquire``, a ``Queue.get``) holds up only its caller.  An inline
@@ -17,11 +17,11 @@ import logging
 import threading
 import traceback
 
-from .. import wire
 from ..backends import listen_host
-from ..calls import CALL_ID, HEAD
-from ..listener import Listener
-from ..stream import Stream, StreamClosed
+from ..net import wire
+from ..net.calls import CALL_ID, HEAD
+from ..net.listener import Listener
+from ..net.stream import Stream, StreamClosed
 
 log = logging.getLogger("fiberrl")
 

@@ -14,7 +14,7 @@ import weakref
 from multiprocessing import pool as mp_pool
 
 from ..meta import resources_of
-from ..process import _register_exit_hook, cpu_count
+from ..processes.process import _register_exit_hook, cpu_count
 from .results import AsyncResult, IMapIterator, TimeoutError
 from .scheduler import CLOSE, RUN, TERMINATE, LazyInput, PoolStatistics, Scheduler
 

@@ -3,7 +3,7 @@ them, collects results, and replaces workers that die without losing or
 repeating a result.
 
 Each worker talks to the pool over one authenticated stream
-(:mod:`fiberrl.runtime.stream`); the pool's :class:`StreamPump` reads them
+(:mod:`fiberrl.runtime.net.stream`); the pool's :class:`StreamPump` reads them
 all and runs :meth:`handle` on the workers' requests, on the thread of a
 caller waiting for a result when there is one; a stream that ends is a
 worker lost.  Callers of the Pool API run :meth:`submit`; one manager
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from .. import wire
 from ..backends import listen_host, resolve_name
 from ..config import get_config
-from ..process import Process, cpu_count
-from ..listener import Listener
-from ..stream import Stream, StreamClosed
-from ..stream_pump import StreamPump
-from ..transport import CLOSED, OK
+from ..net import wire
+from ..net.listener import Listener
+from ..net.stream import Stream, StreamClosed
+from ..net.stream_pump import StreamPump
+from ..net.transport import CLOSED, OK
+from ..processes.process import Process, cpu_count
 from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
 from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 

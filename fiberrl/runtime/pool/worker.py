@@ -18,9 +18,9 @@ import struct
 import sys
 import traceback
 
-from .. import wire
-from ..stream import StreamClosed, connect
-from ..transport import OK
+from ..net import wire
+from ..net.stream import StreamClosed, connect
+from ..net.transport import OK
 
 W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
 # how long a thread of an oversubscribed worker waits for the GIL before it asks for it (Python's default

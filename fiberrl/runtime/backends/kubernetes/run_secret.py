@@ -14,7 +14,7 @@ def secret_of(spec: JobSpec) -> str:
     """The run secret ``spec`` carries, else this process's."""
     secret = spec.env.get(SECRET_ENV)
     if not secret:
-        from ... import auth
+        from ...net import auth
         secret = auth.run_secret().hex()
     return secret
 

@@ -13,9 +13,9 @@ import os
 import sys
 import threading
 
-from . import env_names
+from .. import env_names
+from ..net.transport import PeerGone
 from .parent_link import ParentLink
-from .transport import PeerGone
 
 # set in a job's environment when its backend does not share the parent's terminal
 FORWARD_OUTPUT_ENV = env_names.FORWARD_OUTPUT

@@ -1,7 +1,7 @@
 """The run's secret and the mutual HMAC challenge every connection passes
 before any byte it carries is unpickled.
 
-Handshake, once per stream (:mod:`fiberrl.runtime.stream`):
+Handshake, once per stream (:mod:`fiberrl.runtime.net.stream`):
 
     client -> server   HELLO  client_nonce
     server -> client   CHALLENGE  server_nonce, HMAC(secret, "server" | cn | sn | channel)
@@ -31,7 +31,7 @@ import struct
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from . import env_names
+from .. import env_names
 
 SECRET_ENV = env_names.RUN_SECRET
 SECRET_FILE_ENV = env_names.RUN_SECRET_FILE

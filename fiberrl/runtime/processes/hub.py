@@ -16,11 +16,11 @@ import os
 import threading
 import time
 
-from .backends import listen_host
-from .config import get_config
+from ..backends import listen_host
+from ..config import get_config
+from ..net.transport import ERROR, MISSING, OK, Client, PeerGone, Request, Server
 from .output import write_forwarded
 from .parent_link import ChildLinks
-from .transport import ERROR, MISSING, OK, Client, PeerGone, Request, Server
 
 log = logging.getLogger("fiberrl")
 

@@ -36,13 +36,15 @@ import subprocess
 import sys
 import threading
 
-from .. import auth, env_names
-from ..main_module import import_parents_main, preparation_data
+from .. import env_names
+from ..backends import local
+from ..net import auth
+from .main_module import import_parents_main, preparation_data
 
 _MESSAGE = 1 << 20
 _SOCKET_ENV = env_names.FORK_SERVER_FD
 _WITHOUT_MAIN_ENV = env_names.FORK_SERVER_WITHOUT_MAIN  # set when the server starts afresh
-SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.backends.forkserver import serve; serve()"]
+SERVER_COMMAND = [sys.executable, "-c", "from fiberrl.runtime.processes.fork_server import serve; serve()"]
 _preload_modules: list[str] = []
 
 
@@ -170,7 +172,7 @@ def _standard_fds() -> tuple[list[int], list[int]]:
 def serve() -> None:
     """The fork server's loop: fork a job per request, report exits."""
     sock = socket.socket(fileno=int(os.environ.pop(_SOCKET_ENV)))
-    import fiberrl.runtime.child  # noqa: F401 -- what every job imports first, done once here
+    import fiberrl.runtime.processes.child  # noqa: F401 -- what every job imports first, done once here
     if not os.environ.pop(_WITHOUT_MAIN_ENV, None):
         message = sock.recv(_MESSAGE)
         if not message:  # the parent is gone already
@@ -284,7 +286,7 @@ def _run_job(env: dict, cwd: str, fds: list[int], server_fds: list[int]) -> None
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        from fiberrl.runtime.child import main
+        from fiberrl.runtime.processes.child import main
         main()
     except SystemExit as exc:
         os._exit(exc.code if isinstance(exc.code, int) else 1)
@@ -293,3 +295,6 @@ def _run_job(env: dict, cwd: str, fds: list[int], server_fds: list[int]) -> None
         traceback.print_exc()
         sys.stderr.flush()
     os._exit(1)
+
+
+local.install_fork_server(ForkServer)

@@ -3,7 +3,7 @@ workers, managers, queues and pipes, a job's link to its parent).
 
 A stream is a plain socket read by the thread that waits for it: frames of
 ``length (8 bytes) | body`` after a mutual HMAC challenge
-(:mod:`fiberrl.runtime.auth`), so nothing is read from a peer that has not
+(:mod:`fiberrl.runtime.net.auth`), so nothing is read from a peer that has not
 proved it holds the run's secret.  (nng, which carried queues and pipes
 before, hands each message through its own I/O and task threads before the
 waiting thread wakes: a request ~245 us round trip against ~18 us here.)
@@ -21,7 +21,7 @@ keys (:class:`auth.FrameSigner`), which a party on the network path cannot
 forge.  The listener's side of the handshake is in :mod:`.listener`.  Over a Unix socket, once both have passed it,
 each side hands the other the read end of a pipe its frames then go through,
 and a ring of shared memory its large frames then lie in
-(:mod:`fiberrl.runtime.shared_frames`); the socket is closed.
+(:mod:`fiberrl.runtime.net.shared_frames`); the socket is closed.
 
 Why a pipe: a Unix stream socket wakes a reader blocked on it whenever the
 peer consumes what the reader sent (the "write space" wakeup shares the

@@ -1,5 +1,5 @@
 """Authenticated request/reply for the objects a hub hosts (queues, pipes),
-over streams (:mod:`fiberrl.runtime.stream`).
+over streams (:mod:`fiberrl.runtime.net.stream`).
 
 A :class:`Server` accepts streams on a :class:`~.listener.Listener` and
 reads all of them on one thread (a :class:`~.stream_pump.StreamPump`).  A
@@ -27,8 +27,8 @@ import threading
 import traceback
 from collections import deque
 
+from ..config import get_config
 from .calls import CALL_ID, HEAD, Connection
-from .config import get_config
 from .listener import Listener
 from .stream import Stream, StreamClosed
 from .stream_pump import StreamPump

@@ -1,4 +1,4 @@
-"""Accepts authenticated streams (:mod:`fiberrl.runtime.stream`).
+"""Accepts authenticated streams (:mod:`fiberrl.runtime.net.stream`).
 
 One thread per listener, the gate, runs every connection's handshake up to
 the client's proof, without blocking on any of them: a connection that has
@@ -24,8 +24,16 @@ import threading
 import time
 
 from . import auth
-from .stream import (_LENGTH, CHALLENGE_BYTES, HANDSHAKE_TIMEOUT, LOCAL_SOCKETS, PeerMisbehaved, Stream,
-                     StreamClosed, _close)
+from .stream import (
+    _LENGTH,
+    CHALLENGE_BYTES,
+    HANDSHAKE_TIMEOUT,
+    LOCAL_SOCKETS,
+    PeerMisbehaved,
+    Stream,
+    StreamClosed,
+    _close,
+)
 
 log = logging.getLogger("fiberrl.stream")
 

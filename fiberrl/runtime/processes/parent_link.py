@@ -1,5 +1,5 @@
 """A job's link to the process that started it: one authenticated stream
-(:mod:`fiberrl.runtime.stream`) over which the job fetches its launch
+(:mod:`fiberrl.runtime.net.stream`) over which the job fetches its launch
 payload, reports errors, forwards its output and sends heartbeats.
 
 Every job opens this link first; a stream costs a job ~0.5 ms of CPU where
@@ -16,10 +16,10 @@ import select
 import threading
 import time
 
-from .listener import Listener
-from .stream import Stream, StreamClosed, connect
-from .stream_pump import StreamPump
-from .transport import ERROR, PeerGone
+from ..net.listener import Listener
+from ..net.stream import Stream, StreamClosed, connect
+from ..net.stream_pump import StreamPump
+from ..net.transport import ERROR, PeerGone
 
 # the kernel says a peer hung up without a byte being read (Linux; elsewhere a heartbeat finds out)
 _HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)

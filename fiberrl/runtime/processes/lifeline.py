@@ -11,10 +11,10 @@ import os
 import sys
 import threading
 
-from .config import get_config
+from ..config import get_config
+from ..net.transport import PeerGone
 from .hub import PING
 from .parent_link import ParentLink
-from .transport import PeerGone
 
 ORPHAN_EXIT_CODE = 75
 

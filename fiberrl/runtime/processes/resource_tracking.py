@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 
-from . import env_names
+from .. import env_names
 
 TRACKER_ENV = env_names.RESOURCE_TRACKER
 

@@ -18,14 +18,15 @@ import threading
 import uuid
 from multiprocessing.process import AuthenticationString
 
-from . import auth, env_names, wire
-from .backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
-from .backends.base import CHILD_COMMAND
-from .config import get_config, serialize
-from .connection import handing_over
+from .. import env_names
+from ..backends import OWNER, JobSpec, JobStatus, get_backend, resolve_name, start_job
+from ..backends.base import CHILD_COMMAND
+from ..config import get_config, serialize
+from ..meta import resources_of
+from ..net import auth, wire
+from .handover import handing_over
 from .hub import get_hub
 from .main_module import check_not_importing_main, preparation_data
-from .meta import resources_of
 from .output import FORWARD_OUTPUT_ENV
 from .resource_tracking import TRACKER_ENV, describe_for_children
 

@@ -36,7 +36,7 @@ def import_parents_main(prep: dict) -> None:
     find its target (and the fork server once for all of them)."""
     global _importing
     if prep.get("fiberrl_log_to_stderr"):
-        from .context import log_to_stderr
+        from ..context import log_to_stderr
         log_to_stderr()
     if "fiberrl_log_level" in prep:
         logging.getLogger("fiberrl").setLevel(prep["fiberrl_log_level"])

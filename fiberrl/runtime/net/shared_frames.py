@@ -3,7 +3,7 @@
 A frame sent over a Unix socket or pipe is copied into the kernel and out
 again: ~19 us for 100 KB measured here, against ~2 us for two ``memcpy``.
 So each side of a stream between processes of one host
-(:mod:`fiberrl.runtime.stream`) writes
+(:mod:`fiberrl.runtime.net.stream`) writes
 its large frames into a ring of shared memory it created (a memfd, handed
 to the peer over the socket once both have proved they hold the run's
 secret) and sends only where the frame lies; the peer copies it out and

@@ -11,16 +11,16 @@ import traceback
 
 import cloudpickle
 
+from ..config import get_config
+from ..net.transport import OK, PeerGone
 from . import process as process_module
-from .config import get_config
-from .connection import close_active_connections
+from .handover import close_active_connections
 from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
 from .main_module import import_parents_main, refused_start
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .parent_link import ParentLink
 from .resource_tracking import TRACKER_ENV, use_parents_tracker
-from .transport import OK, PeerGone
 
 log = logging.getLogger("fiberrl")
 

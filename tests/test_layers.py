@@ -1,0 +1,62 @@
+"""The runtime's layers, bottom to top: the settings (config, env_names, meta,
+context), messaging (net/), backends (backends/), processes as jobs
+(processes/), the primitives (queues, pipes, pool, managers, ring,
+synchronize...), the API (runtime/__init__).  No module imports one of a
+layer above its own; the app's side never reaches into the runtime's
+internals past what the runtime exports."""
+import ast
+from pathlib import Path
+
+RUNTIME = Path(__file__).resolve().parent.parent / "fiberrl" / "runtime"
+LAYERS = ["settings", "net", "backends", "processes", "primitives", "api"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(RUNTIME.parent.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    inside = module.removeprefix("fiberrl.runtime").lstrip(".")
+    if not inside:
+        return "api"
+    top = inside.split(".")[0]
+    if top in ("config", "env_names", "meta", "context"):
+        return "settings"
+    return top if top in ("net", "backends", "processes") else "primitives"
+
+
+def imports_of(path: Path):
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    known = {module_name(p) for p in RUNTIME.rglob("*.py")}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                name = f"{target}.{alias.name}"
+                yield node.lineno, name if name in known else target
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def test_no_runtime_module_imports_a_layer_above_its_own():
+    upward = []
+    for path in sorted(RUNTIME.rglob("*.py")):
+        mine = LAYERS.index(layer_of(module_name(path)))
+        for line, target in imports_of(path):
+            if target.startswith("fiberrl.runtime") and LAYERS.index(layer_of(target)) > mine:
+                upward.append(f"{path.relative_to(RUNTIME)}:{line} ({layer_of(module_name(path))}) imports {target} "
+                              f"({layer_of(target)})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_settings_name_every_backend_there_is():
+    from fiberrl.runtime.backends import BACKENDS
+    from fiberrl.runtime.config import BACKEND_NAMES
+    assert tuple(BACKENDS) == BACKEND_NAMES
