@@ -8,7 +8,8 @@ import pytest
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.backends import listen_host
-from fiberrl.runtime.net.transport import ERROR, MISSING, OK, PeerGone
+from fiberrl.runtime.net.errors import PeerGone
+from fiberrl.runtime.net.transport import ERROR, MISSING, OK
 from fiberrl.runtime.processes.hub import LAUNCH, PING, get_hub
 from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
 

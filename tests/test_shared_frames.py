@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import wait_until
 
-from fiberrl.runtime.net import auth, shared_frames, stream
+from fiberrl.runtime.net import auth, errors, shared_frames, stream
 from fiberrl.runtime.net.listener import Listener
 
 pytestmark = pytest.mark.skipif(not (stream.LOCAL_SOCKETS and shared_frames.AVAILABLE),
@@ -176,7 +176,7 @@ def test_a_frame_said_to_lie_where_it_cannot_ends_the_stream(echoed, size, where
     with echoed._send_lock:
         echoed._write([(stream.IN_RING | size).to_bytes(8, "little") + shared_frames.WHERE.pack(*where)])
     deadline = time.monotonic() + 10
-    with pytest.raises(stream.StreamClosed):  # the server hung up on it
+    with pytest.raises(errors.PeerGone):  # the server hung up on it
         while time.monotonic() < deadline:
             echoed.send([b"x"])
             echoed.recv()
@@ -208,7 +208,7 @@ def test_a_close_reaches_the_peer_while_a_forked_process_still_holds_the_pipe():
     ended = threading.Event()
 
     def serve(s):
-        with pytest.raises(stream.StreamClosed, match="closed the connection"):
+        with pytest.raises(errors.PeerGone, match="closed the connection"):
             s.recv()
         ended.set()
 

@@ -20,7 +20,7 @@ from .context import (
 )
 from .managers import AsyncManager, BaseManager, Manager, ManagerError, SyncManager
 from .meta import meta
-from .net.transport import PeerGone
+from .net.errors import LinkClosed, LinkError, PeerGone
 from .pool import AsyncResult, Pool, PoolTerminated, TimeoutError, WorkerLostError
 from .processes.fork_server import set_forkserver_preload
 from .processes.process import Process, active_children, cpu_count, current_process, parent_process
@@ -43,10 +43,11 @@ from .synchronize import (
 
 __all__ = [
     "Array", "AsyncManager", "AsyncResult", "AuthenticationError", "Barrier", "BaseManager", "BoundedSemaphore",
-    "BufferTooShort", "Condition", "ConfigError", "Connection", "Empty", "Event", "Full", "JoinableQueue", "Lock",
-    "Manager", "ManagerError", "PeerGone", "Pipe", "Pool", "PoolTerminated", "Process", "ProcessError", "Queue",
-    "RLock", "RawArray", "RawValue", "Ring", "RingError", "RuntimeConfig", "Semaphore", "SimpleQueue", "SyncManager",
-    "TimeoutError", "Value", "WorkerLostError", "active_children", "configure", "cpu_count", "current_process",
-    "freeze_support", "get_all_start_methods", "get_config", "get_context", "get_logger", "get_start_method",
-    "init", "log_to_stderr", "meta", "parent_process", "set_forkserver_preload", "set_start_method",
+    "BufferTooShort", "Condition", "ConfigError", "Connection", "Empty", "Event", "Full", "JoinableQueue", "LinkClosed",
+    "LinkError", "Lock", "Manager", "ManagerError", "PeerGone", "Pipe", "Pool", "PoolTerminated", "Process",
+    "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Ring", "RingError", "RuntimeConfig", "Semaphore",
+    "SimpleQueue", "SyncManager", "TimeoutError", "Value", "WorkerLostError", "active_children", "configure",
+    "cpu_count", "current_process", "freeze_support", "get_all_start_methods", "get_config", "get_context",
+    "get_logger", "get_start_method", "init", "log_to_stderr", "meta", "parent_process", "set_forkserver_preload",
+    "set_start_method",
 ]

@@ -17,7 +17,8 @@ import uuid
 from collections import deque
 
 from .net import wire
-from .net.transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, PeerGone, Request, check_size
+from .net.errors import PeerGone
+from .net.transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, Request, check_size
 from .processes.hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
 
 _TIMEOUT = struct.Struct("<d")

@@ -15,12 +15,12 @@ from multiprocessing.managers import RemoteError
 
 from ..net import wire
 from ..net.calls import Connection
-from ..net.stream import StreamClosed
+from ..net.errors import LinkError, PeerGone
 from ..pool.results import with_remote_traceback
 from .server import GETVALUE, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
 
 
-class ManagerError(ConnectionError):
+class ManagerError(PeerGone):
     """The manager's process is gone, so its objects are too.  ``reason`` is
     what happened, without the advice, for a caller that acts on it itself."""
 
@@ -75,14 +75,14 @@ class ManagerRef:
         try:
             conn = connection(self.address, self.name)
             return conn, conn.call(op, token, parts)
-        except StreamClosed as exc:
+        except LinkError as exc:
             raise self.gone(exc) from None
 
     def request(self, op: int, token: int, parts=(), timeout: float | None = None):
         conn, call_id = self.ask(op, token, parts)
         try:
             payload = conn.reply(call_id, timeout)
-        except StreamClosed as exc:
+        except LinkError as exc:
             raise self.gone(exc) from None
         return _decode(self, payload, creating=op == M_CREATE)
 
@@ -113,7 +113,7 @@ def _send_releases(own_address: str | None = None, release_own=None) -> None:
             continue
         try:
             connection(address, server).call(M_DECREF, token, reply=False)
-        except (StreamClosed, PermissionError):
+        except (LinkError, PermissionError):
             pass  # the manager went away: nothing left to release
 
 
@@ -252,7 +252,7 @@ class Handle:
     def _collect(self, timeout: float | None) -> None:
         try:
             payload = self._conn.reply(self._call_id, timeout)
-        except StreamClosed as exc:
+        except LinkError as exc:
             self._outcome = (False, self._ref.gone(exc))
             return
         try:

@@ -20,8 +20,9 @@ import traceback
 from ..backends import listen_host
 from ..net import wire
 from ..net.calls import CALL_ID, HEAD
+from ..net.errors import LinkError
 from ..net.listener import Listener
-from ..net.stream import Stream, StreamClosed
+from ..net.stream import Stream
 
 log = logging.getLogger("fiberrl")
 
@@ -171,7 +172,7 @@ def _reply(stream: Stream, call_id: int, reply: tuple) -> None:
         parts = wire.dumps((RAISE, _portable_error(TypeError(f"the result could not be pickled: {exc!r}"))))
     try:
         stream.send([CALL_ID.pack(call_id), *parts])
-    except StreamClosed:
+    except LinkError:
         pass  # the caller went away
 
 

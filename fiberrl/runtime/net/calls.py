@@ -14,7 +14,8 @@ import struct
 import threading
 import time
 
-from .stream import HANDSHAKE_TIMEOUT, StreamClosed, connect
+from .errors import LinkError
+from .stream import HANDSHAKE_TIMEOUT, connect
 
 HEAD = struct.Struct("<BQq")
 CALL_ID = struct.Struct("<Q")
@@ -43,7 +44,7 @@ class Connection:
         call_id = next(self._ids) if reply else 0
         try:
             self.stream.send([HEAD.pack(op, call_id, token), *parts])
-        except StreamClosed as exc:
+        except LinkError as exc:
             self.error = self.error or _without_frames(exc)
             raise
         return call_id
@@ -97,12 +98,12 @@ class Connection:
             raise TimeoutError
         try:
             return self.stream.recv()
-        except StreamClosed as exc:
+        except LinkError as exc:
             self.error = _without_frames(exc)
             raise
 
 
-def _without_frames(exc: StreamClosed) -> StreamClosed:
+def _without_frames(exc: LinkError) -> LinkError:
     """The error to keep: a traceback would keep its frames, and the callers' objects
     in them (a proxy whose release is what failed), alive as long as the connection."""
     return type(exc)(*exc.args)

@@ -24,16 +24,8 @@ import threading
 import time
 
 from . import auth
-from .stream import (
-    _LENGTH,
-    CHALLENGE_BYTES,
-    HANDSHAKE_TIMEOUT,
-    LOCAL_SOCKETS,
-    PeerMisbehaved,
-    Stream,
-    StreamClosed,
-    _close,
-)
+from .errors import LinkError, PeerMisbehaved
+from .stream import _LENGTH, CHALLENGE_BYTES, HANDSHAKE_TIMEOUT, LOCAL_SOCKETS, Stream, _close
 
 log = logging.getLogger("fiberrl.stream")
 
@@ -287,7 +279,7 @@ class Listener:
             log.warning("closed a stream from %s that misbehaved after its proof (%s)", stream.peer, exc)
             stream.close()
             return
-        except (OSError, StreamClosed) as exc:
+        except (OSError, LinkError) as exc:
             # most often a job killed while it connected (a pool terminated as its workers start)
             log.debug("a stream from %s closed during its handshake (%s)", stream.peer, exc)
             stream.close()
@@ -297,7 +289,7 @@ class Listener:
             return
         try:
             self._serve(stream)
-        except StreamClosed:
+        except LinkError:
             pass
         finally:
             stream.close()

@@ -48,6 +48,7 @@ import sys
 import threading
 
 from . import auth, shared_frames
+from .errors import LinkClosed, LinkError, PeerGone, PeerMisbehaved
 
 log = logging.getLogger("fiberrl.stream")
 
@@ -70,14 +71,6 @@ _FLAGS = IN_RING | RING_OFFER | CLOSING
 # what an offer carries, in the length bits of its word; its fds come in this order
 OFFER_RING, OFFER_PIPE = 1, 2
 _FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
-
-
-class StreamClosed(ConnectionError):
-    """The other end of a stream went away."""
-
-
-class PeerMisbehaved(StreamClosed):
-    """The other end sent what no peer of this run sends; the stream is ended."""
 
 
 class Stream:
@@ -109,6 +102,7 @@ class Stream:
         self._signer: auth.FrameSigner | None = None
         self._checker: auth.FrameSigner | None = None
         self._close_lock = threading.Lock()
+        self._closed_here = False
         # the largest frame taken from the peer when a read names no limit
         self.max_frame = MAX_FRAME
         if peer is not None:
@@ -134,7 +128,7 @@ class Stream:
                 with self._send_lock:
                     self._write([data])
             except OSError as exc:
-                raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+                raise self._lost(exc) from None
             return
         views = [memoryview(p).cast("B") for p in parts]
         try:
@@ -148,7 +142,7 @@ class Stream:
                 views.insert(0, memoryview(_LENGTH.pack(size)))
                 self._write(views)
         except OSError as exc:
-            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+            raise self._lost(exc) from None
 
     def _send_signed(self, parts, size: int) -> None:
         """Send one frame with its MAC after it (signed under the lock: frames are numbered in the order sent)."""
@@ -160,7 +154,7 @@ class Stream:
                 # a small frame in one buffer: parts sent apart may leave as segments of their own
                 self._write([head + b"".join(views) + tag] if size <= SMALL_FRAME else [head, *views, tag])
         except OSError as exc:
-            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+            raise self._lost(exc) from None
 
     def sign_frames(self, signer: auth.FrameSigner, checker: auth.FrameSigner) -> None:
         """From now on every frame sent carries a MAC, and every frame received must."""
@@ -235,7 +229,7 @@ class Stream:
                 if length & _FLAGS:
                     flags, size = length & _FLAGS, length & ~_FLAGS
                     if flags == CLOSING:
-                        raise StreamClosed(f"{self.peer} closed the connection")
+                        raise PeerGone(f"{self.peer} closed the connection")
                     length = shared_frames.WHERE.size if flags == IN_RING else 0
                     if size > limit:
                         raise PeerMisbehaved(f"{self.peer} sent a frame of {size} bytes: refused")
@@ -278,13 +272,13 @@ class Stream:
         except BlockingIOError as exc:
             if not wait:
                 return None
-            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+            raise self._lost(exc) from None
         except OSError as exc:
-            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+            raise self._lost(exc) from None
         if n is None:
             return None
         if not n:
-            raise StreamClosed(f"{self.peer} closed the connection")
+            raise PeerGone(f"{self.peer} closed the connection")
         self._drained = n < view.nbytes
         return n
 
@@ -372,7 +366,7 @@ class Stream:
                     self.sock.sendall(_LENGTH.pack(RING_OFFER))
                 self._pipe_out, pipe_write = pipe_write, None
         except OSError as exc:
-            raise StreamClosed(f"connection to {self.peer} lost: {exc}") from None
+            raise self._lost(exc) from None
         finally:
             if ring is not None:
                 ring.detach()
@@ -415,7 +409,13 @@ class Stream:
         poller.register(self.fileno(), select.POLLIN)
         return bool(poller.poll(None if timeout is None else timeout * 1000))
 
+    def _lost(self, exc: OSError) -> LinkError:
+        if self._closed_here:
+            return LinkClosed(f"this process closed its connection to {self.peer}")
+        return PeerGone(f"connection to {self.peer} lost: {exc}")
+
     def close(self) -> None:
+        self._closed_here = True
         with self._close_lock:
             pipe_in, pipe_out, self._pipe_in, self._pipe_out = self._pipe_in, self._pipe_out, None, None
         if pipe_out is not None:
@@ -453,13 +453,13 @@ def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
         except (PermissionError, PeerMisbehaved) as exc:
             log.warning("refused the local socket of %s, whose holder failed the handshake (%s); "
                         "connecting over TCP instead", address, exc)
-        except StreamClosed as exc:
+        except LinkError as exc:
             log.debug("the local socket of %s closed during the handshake (%s)", address, exc)
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as exc:
-        raise StreamClosed(f"cannot reach {address}: {exc}") from None
+        raise PeerGone(f"cannot reach {address}: {exc}") from None
     return _authenticate(Stream(sock), address)
 
 

@@ -23,7 +23,8 @@ import selectors
 import threading
 import time
 
-from .stream import Stream, StreamClosed
+from .errors import LinkError
+from .stream import Stream
 
 log = logging.getLogger("fiberrl")
 # frames read from one stream at a time, before the pump looks at the others
@@ -108,7 +109,7 @@ class StreamPump:
         while True:
             try:
                 frames = stream.recv_ready(most=BATCH)
-            except StreamClosed:
+            except LinkError:
                 stream.close()
                 self._on_closed(stream, key)
                 return
@@ -223,7 +224,7 @@ class StreamPump:
         while True:
             try:
                 frames = stream.recv_ready(most=BATCH)
-            except StreamClosed:
+            except LinkError:
                 self._drop(fd, stream, key)
                 return False
             if frames:

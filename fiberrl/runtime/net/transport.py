@@ -29,8 +29,9 @@ from collections import deque
 
 from ..config import get_config
 from .calls import CALL_ID, HEAD, Connection
+from .errors import LinkError, PeerGone
 from .listener import Listener
-from .stream import Stream, StreamClosed
+from .stream import Stream
 from .stream_pump import StreamPump
 
 log = logging.getLogger("fiberrl.transport")
@@ -43,10 +44,6 @@ _OBJ_ID = 16
 POST_WINDOW = 256
 # posted requests are answered at once (never parked): a missing answer means a stuck peer
 POST_REPLY_TIMEOUT = 30.0
-
-
-class PeerGone(ConnectionError):
-    """The process at the other end of a connection went away."""
 
 
 class MessageTooLarge(ValueError):
@@ -90,7 +87,7 @@ class Request:
             return
         try:
             self._stream.send([CALL_ID.pack(self._call_id) + bytes((status,)), *parts])
-        except StreamClosed:
+        except LinkError:
             pass  # the client is gone; on_pipe_lost tells its objects
 
 
@@ -148,7 +145,7 @@ class Client:
             self._conn = Connection(address, timeout=connect_timeout)
         except PermissionError:
             raise  # the other side failed the handshake: not a process that went away
-        except (StreamClosed, OSError) as exc:
+        except (LinkError, OSError) as exc:
             raise PeerGone(f"cannot reach {address}: {exc}") from None
         self._posted: deque[int] = deque()
         self._post_lock = threading.Lock()
@@ -164,7 +161,7 @@ class Client:
         try:
             call_id = self._conn.call(op, 0, [obj_id, *parts])
             reply = self._conn.reply(call_id, timeout)
-        except StreamClosed as exc:
+        except LinkError as exc:
             raise PeerGone(f"lost the connection to {self.address}: {exc}") from None
         except TimeoutError:
             raise TimeoutError(f"no reply from {self.address} within {timeout} s") from None
@@ -178,7 +175,7 @@ class Client:
             self._reap(POST_WINDOW - 1)
             try:
                 self._posted.append(self._conn.call(op, 0, [obj_id, *parts]))
-            except StreamClosed as exc:
+            except LinkError as exc:
                 raise PeerGone(f"lost the connection to {self.address}: {exc}") from None
 
     def flush(self) -> None:
@@ -192,7 +189,7 @@ class Client:
             call_id = posted.popleft()
             try:
                 reply = self._conn.reply(call_id, POST_REPLY_TIMEOUT)
-            except StreamClosed as exc:
+            except LinkError as exc:
                 self._post_error = self._post_error or PeerGone(f"lost the connection to {self.address}: {exc}")
                 continue
             except TimeoutError:

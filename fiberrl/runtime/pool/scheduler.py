@@ -24,8 +24,9 @@ import cloudpickle
 from ..backends import listen_host, resolve_name
 from ..config import get_config
 from ..net import wire
+from ..net.errors import LinkError
 from ..net.listener import Listener
-from ..net.stream import Stream, StreamClosed
+from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
 from ..net.transport import CLOSED, OK
 from ..processes.process import Process, cpu_count
@@ -102,7 +103,7 @@ class WorkerRequest:
             return
         try:
             self._stream.send([bytes((status,)), *parts])
-        except StreamClosed:
+        except LinkError:
             pass  # the worker is gone; its loss is being handled
 
 

@@ -19,7 +19,8 @@ import sys
 import traceback
 
 from ..net import wire
-from ..net.stream import StreamClosed, connect
+from ..net.errors import LinkError
+from ..net.stream import connect
 from ..net.transport import OK
 
 W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
@@ -111,7 +112,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
             if backlog:
                 reply = stream.recv()
                 status, payload = reply[0], memoryview(reply)[1:]
-    except StreamClosed:
+    except LinkError:
         pass  # the master is gone; so is the work
     finally:
         stream.close()

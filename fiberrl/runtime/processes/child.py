@@ -12,7 +12,8 @@ import traceback
 import cloudpickle
 
 from ..config import get_config
-from ..net.transport import OK, PeerGone
+from ..net.errors import PeerGone
+from ..net.transport import OK
 from . import process as process_module
 from .handover import close_active_connections
 from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub

@@ -18,7 +18,8 @@ import time
 
 from ..backends import listen_host
 from ..config import get_config
-from ..net.transport import ERROR, MISSING, OK, Client, PeerGone, Request, Server
+from ..net.errors import PeerGone
+from ..net.transport import ERROR, MISSING, OK, Client, Request, Server
 from .output import write_forwarded
 from .parent_link import ChildLinks
 

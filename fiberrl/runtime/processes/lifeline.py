@@ -12,7 +12,7 @@ import sys
 import threading
 
 from ..config import get_config
-from ..net.transport import PeerGone
+from ..net.errors import PeerGone
 from .hub import PING
 from .parent_link import ParentLink
 

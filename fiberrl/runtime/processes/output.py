@@ -14,7 +14,7 @@ import sys
 import threading
 
 from .. import env_names
-from ..net.transport import PeerGone
+from ..net.errors import PeerGone
 from .parent_link import ParentLink
 
 # set in a job's environment when its backend does not share the parent's terminal

@@ -16,10 +16,11 @@ import select
 import threading
 import time
 
+from ..net.errors import LinkError, PeerGone
 from ..net.listener import Listener
-from ..net.stream import Stream, StreamClosed, connect
+from ..net.stream import Stream, connect
 from ..net.stream_pump import StreamPump
-from ..net.transport import ERROR, PeerGone
+from ..net.transport import ERROR
 
 # the kernel says a peer hung up without a byte being read (Linux; elsewhere a heartbeat finds out)
 _HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -53,7 +54,7 @@ class ChildLinks:
                 status, payload = ERROR, repr(exc).encode()
             try:
                 stream.send([bytes((status,)), payload])
-            except StreamClosed:
+            except LinkError:
                 return  # the job is gone
 
     def close(self) -> None:
@@ -70,7 +71,7 @@ class ParentLink:
         self.address = address
         try:
             self._stream = connect(address, timeout=connect_timeout)
-        except (StreamClosed, OSError) as exc:
+        except (LinkError, OSError) as exc:
             raise PeerGone(f"cannot reach the parent at {address}: {exc}") from None
         self._lock = threading.Lock()
         self._lost = threading.Event()
@@ -83,7 +84,7 @@ class ParentLink:
             try:
                 self._stream.send([bytes((op,)), body])
                 reply = self._stream.recv() if timeout is None else self._reply_within(timeout)
-            except StreamClosed as exc:
+            except LinkError as exc:
                 self._lost.set()
                 raise PeerGone(str(exc)) from None
         if not reply:
