@@ -33,7 +33,7 @@ DEFAULT_MOUNT = "/persistent"
 NOT_FORWARDED = {"host", "backend"}
 
 
-class UsageError(Exception):
+class CommandError(Exception):
     """Bad input; the message says what was wrong and what to do."""
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UsageError, ConfigError) as exc:
+    except (CommandError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -89,12 +89,12 @@ def parser() -> argparse.ArgumentParser:
 def do_submit(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise UsageError("nothing to run: put the command after --, e.g. "
+        raise CommandError("nothing to run: put the command after --, e.g. "
                          "fiberrl submit --backend docker -- python -m fiberrl algo=es")
     if args.build:
         build_image(args.build, args.context, args.image, args.push)
     elif args.push:
-        raise UsageError("--push pushes what --build built; add --build DOCKERFILE")
+        raise CommandError("--push pushes what --build built; add --build DOCKERFILE")
 
     secret = secrets.token_bytes(32)
     run = auth.run_id(secret)
@@ -113,7 +113,7 @@ def do_submit(args) -> int:
     try:
         job_id = backend.submit(spec)
     except (ValueError, RuntimeError, OSError) as exc:
-        raise UsageError(f"the {args.backend} backend could not submit the run: {exc}") from None
+        raise CommandError(f"the {args.backend} backend could not submit the run: {exc}") from None
     save_record(job_id, dict(id=job_id, backend=args.backend, run=run, command=command,
                              submitted=time.time(), settings=dataclasses.asdict(config)))
     print(f"submitted {job_id} on {args.backend} (run {run})", file=sys.stderr)
@@ -126,10 +126,10 @@ def do_submit(args) -> int:
 
 def build_image(dockerfile: str, context: str, image: str | None, push: bool) -> None:
     if not image:
-        raise UsageError("--build needs --image NAME[:TAG] to tag what it builds "
+        raise CommandError("--build needs --image NAME[:TAG] to tag what it builds "
                          "(with --push, a name in your registry)")
     if not Path(dockerfile).is_file():
-        raise UsageError(f"--build {dockerfile}: no such Dockerfile")
+        raise CommandError(f"--build {dockerfile}: no such Dockerfile")
     steps = [["docker", "build", "-t", image, "-f", dockerfile, context]]
     if push:
         steps.append(["docker", "push", image])
@@ -138,9 +138,9 @@ def build_image(dockerfile: str, context: str, image: str | None, push: bool) ->
         try:
             code = subprocess.call(step)
         except FileNotFoundError:
-            raise UsageError("--build runs `docker`, which is not installed here") from None
+            raise CommandError("--build runs `docker`, which is not installed here") from None
         if code != 0:
-            raise UsageError(f"`{shlex.join(step)}` failed with exit code {code}; nothing was submitted")
+            raise CommandError(f"`{shlex.join(step)}` failed with exit code {code}; nothing was submitted")
 
 
 def forwarded_settings(config: RuntimeConfig) -> dict[str, str]:
@@ -160,7 +160,7 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+            raise CommandError(f"--env {pair!r}: expected NAME=VALUE")
         out[name] = value
     return out
 
@@ -173,7 +173,7 @@ def parse_mounts(volumes: list[str]) -> list[str]:
         target = rest or DEFAULT_MOUNT
         if not source or not target.split(":")[0].startswith("/") or target.count(":") > 1 \
                 or target.count(":") == 1 and not target.endswith((":ro", ":rw")):
-            raise UsageError(f"-v {volume!r}: expected SRC, SRC:DST or SRC:DST:ro with DST an absolute path")
+            raise CommandError(f"-v {volume!r}: expected SRC, SRC:DST or SRC:DST:ro with DST an absolute path")
         mounts.append(f"{source}:{target}")
     return mounts
 
@@ -230,7 +230,7 @@ def backend_of(job_id: str):
     path = record_path(job_id)
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in RECORDS.glob("*.json"))) or "none"
-        raise UsageError(f"no run {job_id!r} was submitted from this machine (known: {known}); see `fiberrl list`")
+        raise CommandError(f"no run {job_id!r} was submitted from this machine (known: {known}); see `fiberrl list`")
     record = json.loads(path.read_text())
     valid = {f.name for f in dataclasses.fields(RuntimeConfig)}
     settings = {k: v for k, v in record["settings"].items() if k in valid}
@@ -244,7 +244,7 @@ def cluster_backend(name: str, config: RuntimeConfig):
     try:
         return make_backend(name)
     except (ValueError, RuntimeError, OSError) as exc:
-        raise UsageError(f"the {name} backend is not usable from here: {exc}") from None
+        raise CommandError(f"the {name} backend is not usable from here: {exc}") from None
 
 
 def record_path(job_id: str) -> Path:

@@ -14,7 +14,7 @@ from collections import deque
 from multiprocessing.managers import RemoteError
 
 from ..net import wire
-from ..net.calls import Connection
+from ..net.calls import CallStream
 from ..net.errors import LinkError, PeerGone
 from ..pool.results import with_remote_traceback
 from .server import GETVALUE, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
@@ -40,7 +40,7 @@ def _forget_streams() -> None:
 os.register_at_fork(after_in_child=_forget_streams)
 
 
-def connection(address: str, server: str) -> Connection:
+def connection(address: str, server: str) -> CallStream:
     """This thread's live connection to the server ``server`` at ``address``: one
     per thread, so a call that blocks in the server holds up no other thread.
     Keyed by the server too: a new server may be given a dead one's port, and a
@@ -51,7 +51,7 @@ def connection(address: str, server: str) -> Connection:
     key = (address, server)
     conn = conns.get(key)
     if conn is None or conn.error is not None:
-        conn = conns[key] = Connection(address)
+        conn = conns[key] = CallStream(address)
     return conn
 
 
@@ -69,7 +69,7 @@ class ManagerRef:
         return ManagerError(f"{reason}; its objects went with it. "
                             f"Restart the manager (AsyncManager.restart()) and create them again.", reason)
 
-    def ask(self, op: int, token: int, parts=()) -> tuple[Connection, int]:
+    def ask(self, op: int, token: int, parts=()) -> tuple[CallStream, int]:
         if _releases:
             _send_releases()
         try:
@@ -221,7 +221,7 @@ class Handle:
 
     __slots__ = ("_ref", "_conn", "_call_id", "_method", "_outcome")
 
-    def __init__(self, ref: ManagerRef, conn: Connection, call_id: int, methodname: str):
+    def __init__(self, ref: ManagerRef, conn: CallStream, call_id: int, methodname: str):
         self._ref = ref
         self._conn = conn
         self._call_id = call_id

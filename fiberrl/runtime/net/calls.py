@@ -21,7 +21,7 @@ HEAD = struct.Struct("<BQq")
 CALL_ID = struct.Struct("<Q")
 
 
-class Connection:
+class CallStream:
     """Calls over one stream to a server (a manager, a hub).
 
     Calls are sent at once; replies carry their call's id.  Whichever thread

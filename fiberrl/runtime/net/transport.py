@@ -8,7 +8,7 @@ later from any thread, so one thread serves any number of waiting clients.
 
 A :class:`Client` is one stream to one server, shared by the threads of a
 process: each request carries a call id and its reply the same, and
-whichever thread waits reads the stream (:class:`~.calls.Connection`).
+whichever thread waits reads the stream (:class:`~.calls.CallStream`).
 
 Wire format -- request: op (1 byte) | call id (8) | token, unused (8) |
 object id (16) | payload; reply: call id (8) | status (1) | payload.
@@ -28,7 +28,7 @@ import traceback
 from collections import deque
 
 from ..config import get_config
-from .calls import CALL_ID, HEAD, Connection
+from .calls import CALL_ID, HEAD, CallStream
 from .errors import LinkError, PeerGone
 from .listener import Listener
 from .stream import Stream
@@ -142,7 +142,7 @@ class Client:
     def __init__(self, address: str, connect_timeout: float = 10.0):
         self.address = address
         try:
-            self._conn = Connection(address, timeout=connect_timeout)
+            self._conn = CallStream(address, timeout=connect_timeout)
         except PermissionError:
             raise  # the other side failed the handshake: not a process that went away
         except (LinkError, OSError) as exc:

@@ -56,12 +56,12 @@ class Pool:
         self._state = mp_pool.RUN
 
     # --- submitting ---------------------------------------------------------
-    def _job(self, func, items: list, chunksize: int, star: bool, job) -> None:
+    def _job(self, func, items: list, chunksize: int, star: bool, submission) -> None:
         scheduler = self._scheduler
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
-        func_id = _function_id(scheduler, func, job)
-        scheduler.submit(scheduler.make_chunks(job, func_id, star, items, chunksize))
+        func_id = _function_id(scheduler, func, submission)
+        scheduler.submit(scheduler.make_chunks(submission, func_id, star, items, chunksize))
 
     def _chunksize(self, n: int, chunksize: int | None) -> int:
         if chunksize is None:
@@ -110,11 +110,11 @@ class Pool:
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
         lookahead = 2 * scheduler._watermark() * chunksize
-        job = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
-        job.on_consumed = scheduler.wake
-        func_id = _function_id(scheduler, func, job)
-        scheduler.submit_lazy(LazyInput(job, iter(iterable), chunksize, func_id, False))
-        return job
+        submission = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
+        submission.on_consumed = scheduler.wake
+        func_id = _function_id(scheduler, func, submission)
+        scheduler.submit_lazy(LazyInput(submission, iter(iterable), chunksize, func_id, False))
+        return submission
 
     def imap(self, func, iterable, chunksize: int = 1) -> IMapIterator:
         """Results in input order; the input is read only as workers can take it."""
@@ -235,12 +235,12 @@ class _CallWithKeywords:
         return self.func(*args, **self.kwds)
 
 
-def _function_id(scheduler: Scheduler, func, job) -> int:
+def _function_id(scheduler: Scheduler, func, submission) -> int:
     try:
         return scheduler.function_id(func)
     except Exception as exc:
         # the pickler's own exception, as multiprocessing gives it: code catches its type
-        exc.add_note(f"{job.description}: the function cannot be pickled")
+        exc.add_note(f"{submission.description}: the function cannot be pickled")
         raise
 
 

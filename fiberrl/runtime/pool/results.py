@@ -30,7 +30,7 @@ def with_remote_traceback(exc: BaseException, tb: str | None) -> BaseException:
     return exc
 
 
-class Job:
+class Submission:
     """Base of every result object: ``n`` tasks delivered in chunks."""
 
     def __init__(self, n: int, description: str):
@@ -77,7 +77,7 @@ class _Latch:
         return self._set
 
 
-class AsyncResult(Job):
+class AsyncResult(Submission):
     """Result of ``apply_async`` and ``map_async``, as in multiprocessing."""
 
     def __init__(self, n: int, description: str, single: bool, callback=None, error_callback=None, pump=None):
@@ -165,7 +165,7 @@ class AsyncResult(Job):
                 self._pump.result_ready()
 
 
-class IMapIterator(Job):
+class IMapIterator(Submission):
     """Lazy results of ``imap`` (in order) or ``imap_unordered``."""
 
     def __init__(self, description: str, ordered: bool, lookahead: int):

@@ -30,7 +30,7 @@ from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
 from ..net.transport import CLOSED, OK
 from ..processes.process import Process, cpu_count
-from .results import Job, PoolTerminated, WorkerLostError, with_remote_traceback
+from .results import PoolTerminated, Submission, WorkerLostError, with_remote_traceback
 from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 
 log = logging.getLogger("fiberrl.pool")
@@ -54,15 +54,15 @@ class PoolStatistics:
 
 
 class Chunk:
-    __slots__ = ("id", "job", "start", "count", "func_id", "star", "args", "crashes")
+    __slots__ = ("id", "submission", "start", "count", "func_id", "star", "args", "crashes")
 
-    def __init__(self, chunk_id, job, start, count, func_id, star, args):
-        self.id, self.job, self.start, self.count = chunk_id, job, start, count
+    def __init__(self, chunk_id, submission, start, count, func_id, star, args):
+        self.id, self.submission, self.start, self.count = chunk_id, submission, start, count
         self.func_id, self.star, self.args, self.crashes = func_id, star, args, 0
 
     def name(self) -> str:
         tasks = f"task {self.start}" if self.count == 1 else f"tasks {self.start}..{self.start + self.count - 1}"
-        return f"{tasks} of {self.job.description}"
+        return f"{tasks} of {self.submission.description}"
 
 
 class Worker:
@@ -110,8 +110,8 @@ class WorkerRequest:
 class LazyInput:
     """An imap job whose input is pulled only as workers can take it."""
 
-    def __init__(self, job, iterator, chunksize, func_id, star):
-        self.job, self.iterator, self.chunksize = job, iterator, chunksize
+    def __init__(self, submission, iterator, chunksize, func_id, star):
+        self.submission, self.iterator, self.chunksize = submission, iterator, chunksize
         self.func_id, self.star, self.next_index = func_id, star, 0
 
 
@@ -169,7 +169,8 @@ class Scheduler:
             pass
         return func_id
 
-    def make_chunks(self, job: Job, func_id: int, star: bool, items: list, chunksize: int, first: int = 0):
+    def make_chunks(self, submission: Submission, func_id: int, star: bool, items: list, chunksize: int,
+                    first: int = 0):
         """Serialise ``items`` into chunks; a chunk that cannot be pickled fails its job at once."""
         chunks = []
         for start in range(0, len(items), chunksize):
@@ -179,10 +180,10 @@ class Scheduler:
             except Exception as exc:
                 # the pickler's own exception, as multiprocessing gives it: code catches its type
                 bad = next((i for i, item in enumerate(batch) if not _picklable(item)), 0)
-                exc.add_note(f"task {first + start + bad} of {job.description}: its arguments cannot be pickled")
-                job.fail(first + start, len(batch), exc)
+                exc.add_note(f"task {first + start + bad} of {submission.description}: its arguments cannot be pickled")
+                submission.fail(first + start, len(batch), exc)
                 continue
-            chunks.append(Chunk(next(self._chunk_ids), job, first + start, len(batch), func_id, star, args))
+            chunks.append(Chunk(next(self._chunk_ids), submission, first + start, len(batch), func_id, star, args))
         return chunks
 
     def submit(self, chunks) -> None:
@@ -388,7 +389,7 @@ class Scheduler:
 
     def _needs_attention(self) -> bool:
         active = sum(1 for w in self._workers.values() if not w.retiring)
-        feedable = any(lazy.job.wants_more for lazy in self._lazy) and len(self._pending) < self._watermark()
+        feedable = any(lazy.submission.wants_more for lazy in self._lazy) and len(self._pending) < self._watermark()
         return bool(self._lost) or (self.state == RUN and active < self.target_size and not self._broken) \
             or feedable or self.state == TERMINATE \
             or (self.state == CLOSE and self._all_done() and any(not w.retiring for w in self._workers.values()))
@@ -447,7 +448,7 @@ class Scheduler:
                         worker.process.pid, exitcode,
                         f"; resubmitting {sum(c.count for c in inflight)} task(s)" if inflight else "")
         for chunk in failed:
-            chunk.job.fail(chunk.start, chunk.count, WorkerLostError(
+            chunk.submission.fail(chunk.start, chunk.count, WorkerLostError(
                 f"{chunk.name()} was running each of the {chunk.crashes} times a worker died "
                 f"(last exit code {exitcode}); not retried again"))
         if self._broken:
@@ -487,7 +488,7 @@ class Scheduler:
     def _feed(self) -> None:
         """Pull lazy input while workers could use more (runs user iterators, so not under the lock)."""
         for lazy in list(self._lazy):
-            while lazy.job.wants_more and len(self._pending) < self._watermark():
+            while lazy.submission.wants_more and len(self._pending) < self._watermark():
                 items, exhausted, error = [], False, None
                 try:
                     for _ in range(lazy.chunksize):
@@ -502,11 +503,11 @@ class Scheduler:
                     items = []
                 first = lazy.next_index
                 lazy.next_index += len(items)
-                chunks = self.make_chunks(lazy.job, lazy.func_id, lazy.star, items, lazy.chunksize, first)
+                chunks = self.make_chunks(lazy.submission, lazy.func_id, lazy.star, items, lazy.chunksize, first)
                 if error is not None:
-                    lazy.job.fail(lazy.next_index, 1, error)
+                    lazy.submission.fail(lazy.next_index, 1, error)
                     lazy.next_index += 1
-                lazy.job.submitted(lazy.next_index - first, exhausted)
+                lazy.submission.submitted(lazy.next_index - first, exhausted)
                 with self._lock:
                     self._pending.extend(chunks)
                     replies = self._dispatch()
@@ -554,10 +555,10 @@ class Scheduler:
             self._pending.clear()
             lazies, self._lazy = self._lazy, []
         for chunk in chunks:
-            chunk.job.fail(chunk.start, chunk.count, error)
+            chunk.submission.fail(chunk.start, chunk.count, error)
         for lazy in lazies:
-            lazy.job.fail(lazy.next_index, 1, error)
-            lazy.job.submitted(1, True)
+            lazy.submission.fail(lazy.next_index, 1, error)
+            lazy.submission.submitted(1, True)
 
     def resize(self, size: int) -> None:
         with self._lock:
@@ -605,14 +606,14 @@ def _deliver(chunk: Chunk, ok: bool, blob) -> None:
     try:
         payload = wire.loads(blob)
     except Exception as exc:
-        chunk.job.fail(chunk.start, chunk.count,
+        chunk.submission.fail(chunk.start, chunk.count,
                        TypeError(f"the result of {chunk.name()} could not be unpickled here: {exc!r}"))
         return
     if ok:
-        chunk.job.deliver(chunk.start, payload)
+        chunk.submission.deliver(chunk.start, payload)
     else:
         exc, tb = payload
-        chunk.job.fail(chunk.start, chunk.count, with_remote_traceback(exc, tb))
+        chunk.submission.fail(chunk.start, chunk.count, with_remote_traceback(exc, tb))
 
 
 def _picklable(obj) -> bool:
