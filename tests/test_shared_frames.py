@@ -264,7 +264,7 @@ def test_readable_works_for_a_stream_whose_fds_are_past_1024():
     """select() cannot watch fds from 1024 on; a pool's master holds that many."""
     import resource
 
-    from fiberrl.runtime.processes.hub import raise_open_files_limit
+    from fiberrl.runtime.processes.startup import raise_open_files_limit
     raise_open_files_limit()
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
         pytest.skip("this process may not open 1200 files (its hard limit is lower)")

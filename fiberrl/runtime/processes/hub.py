@@ -22,6 +22,7 @@ from ..net.errors import PeerGone
 from ..net.transport import ERROR, MISSING, OK, Client, Request, Server
 from .output import write_forwarded
 from .parent_link import ChildLinks
+from .startup import prepare_process
 
 log = logging.getLogger("fiberrl")
 
@@ -69,10 +70,6 @@ class Deadlines:
 
 class Hub:
     def __init__(self):
-        config = get_config()
-        logger = logging.getLogger("fiberrl")
-        if logger.level == logging.NOTSET:  # a level the program set (logger.setLevel) stands
-            logger.setLevel(config.log_level.upper())
         self.pid = os.getpid()
         self._objects: dict[bytes, object] = {}
         self._orphans: set[bytes] = set()  # let go of by their creator, still used by other processes
@@ -227,29 +224,11 @@ def get_hub() -> Hub:
         return hub
     with _hub_lock:
         if _hub is None or _hub.pid != os.getpid():
-            raise_open_files_limit()
+            prepare_process()
             # a forked child cannot use its parent's listeners and threads: start afresh
             _hub = Hub()
             atexit.register(shutdown_hub)
         return _hub
-
-
-OPEN_FILES_WANTED = 1 << 16
-
-
-def raise_open_files_limit() -> None:
-    """Lift this process's soft limit on open files towards its hard limit (to
-    65536 at most): a pool's master holds ~4 fds per local worker (each stream
-    two pipes), and a soft limit of 1024, common on workstations, would stop a
-    pool at a few hundred.  No privilege is needed to go up to the hard limit."""
-    try:
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    except (ImportError, ValueError, OSError) as exc:  # no such limit here, or a sandbox refuses
-        log.debug("open files limit left as it is: %s", exc)
 
 
 def current_hub() -> Hub | None:
