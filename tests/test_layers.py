@@ -2,8 +2,7 @@
 context), messaging (net/), backends (backends/), processes as jobs
 (processes/), the primitives (queues, pipes, pool, managers, ring,
 synchronize...), the API (runtime/__init__).  No module imports one of a
-layer above its own; the app's side never reaches into the runtime's
-internals past what the runtime exports."""
+layer above its own."""
 import ast
 from pathlib import Path
 
