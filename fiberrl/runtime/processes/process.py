@@ -24,6 +24,7 @@ from ..backends.base import CHILD_COMMAND
 from ..config import get_config, serialize
 from ..meta import resources_of
 from ..net import auth, wire
+from . import fork_server  # noqa: F401 -- installs itself as the local backend's way to start jobs
 from .handover import handing_over
 from .hub import get_hub
 from .main_module import check_not_importing_main, preparation_data
