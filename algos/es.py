@@ -10,7 +10,7 @@ What travels: a worker is sent a ``PairTask`` (iteration, noise index, env
 seed) per perturbation and returns a ``PairResult`` (return of +eps, return of
 -eps, steps), with the observation sums of the ~10% of perturbations picked to
 feed the running observation normalisation.  The noise itself is a table every
-host builds once from the seed (`fiberrl.noise`); the parameters are
+host builds once from the seed (`fiberrl.rl.noise`); the parameters are
 published once per iteration to a parameter server that each worker reads
 once per iteration, never pickled per task.
 
@@ -32,12 +32,23 @@ import numpy as np
 
 import fiberrl.runtime as mp
 from fiberrl.algorithm import Algorithm, LoadedPolicy
-from fiberrl.envs import make_env
-from fiberrl.noise import FLOAT_BYTES, NoiseTable, table_path
-from fiberrl.policies import POLICIES, RunningStat, make_policy, run_episode
+from fiberrl.rl.envs import make_env
+from fiberrl.rl.noise import FLOAT_BYTES, NoiseTable, table_path
+from fiberrl.rl.policies import POLICIES, RunningStat, make_policy, run_episode
 from fiberrl.run import DamagedFile, require
-from fiberrl.validation import (UsageError, at_least, between, check_fields, finite, layer_sizes, non_negative, one_of,
-                                optional, positive, shown)
+from fiberrl.validation import (
+    UsageError,
+    at_least,
+    between,
+    check_fields,
+    finite,
+    layer_sizes,
+    non_negative,
+    one_of,
+    optional,
+    positive,
+    shown,
+)
 
 
 @dataclass
@@ -116,7 +127,7 @@ def check_noise_size(algo, env) -> None:
 
 
 def check_noise_room(size: int, seed: int) -> None:
-    """This host makes the table where fiberrl.noise keeps it, unless an earlier run left it there."""
+    """This host makes the table where fiberrl.rl.noise keeps it, unless an earlier run left it there."""
     path = table_path(seed, size)
     if os.path.exists(path):
         return

@@ -3,7 +3,7 @@ Endlessly Generating Increasingly Complex and Diverse Learning Environments
 and Their Solutions".
 
 A population of pairs, each an environment (a Bipedal Walker terrain,
-``fiberrl.walker_terrain``) and an agent (a policy's parameters with its own
+``fiberrl.rl.walker_terrain``) and an agent (a policy's parameters with its own
 ES optimiser).  Every iteration every active pair takes one ES step on its
 own terrain; all pairs' perturbations go to one shared Pool in one map, so
 no worker waits for a slow pair.  Every ``reproduce_every`` iterations the
@@ -31,18 +31,27 @@ from typing import NamedTuple
 
 import numpy as np
 
-import fiberrl.runtime as mp
-from fiberrl.algorithm import Algorithm
 import algos.es
+import fiberrl.runtime as mp
+from algos.es import (
+    ES,
+    EvalResult,
+    EvalTask,
+    EvaluatorSpec,
+    PairResult,
+    PairTask,
+    ParamServer,
+    check_noise_room,
+    check_noise_size,
+    check_state,
+)
 from algos.es import RULES as ES_RULES
-from algos.es import (ES, EvalResult, EvalTask, EvaluatorSpec, PairResult, PairTask, ParamServer, check_noise_room,
-                      check_noise_size, check_state)
-from fiberrl.noise import NoiseTable
-from fiberrl.policies import make_policy
+from fiberrl.algorithm import Algorithm
+from fiberrl.rl.noise import NoiseTable
+from fiberrl.rl.policies import make_policy
+from fiberrl.rl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
 from fiberrl.run import DamagedFile, require
-from fiberrl.validation import (ANY, UsageError, at_least, check_fields, finite, non_negative,
-                                one_of, optional, positive)
-from fiberrl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
+from fiberrl.validation import ANY, UsageError, at_least, check_fields, finite, non_negative, one_of, optional, positive
 
 
 @dataclass
@@ -498,7 +507,7 @@ def train(cfg, run, on_iteration=None) -> dict:
 
 
 def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
-    from fiberrl.terrain_plot import plot_population, plot_progress
+    from fiberrl.rl.terrain_plot import plot_population, plot_progress
     algo = cfg.algo
     env = make_terrain_env(None)
     policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))

@@ -5,7 +5,7 @@ The algorithm is CleanRL's ``ppo_atari.py`` (and ``ppo_continuous_action.py``
 for Box actions): clipped surrogate objective, GAE, optional value clipping,
 entropy bonus, gradient-norm clipping, learning-rate annealing, several
 epochs of minibatches over each rollout.  What differs is where the
-environments live: ``workers`` env servers (``fiberrl.env_servers``), each a
+environments live: ``workers`` env servers (``fiberrl.rl.env_servers``), each a
 job-backed process stepping ``envs_per_worker`` environments, so simulation
 scales past one machine while the learner (on a GPU when there is one)
 batches inference over all of them.
@@ -38,11 +38,24 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from fiberrl.algorithm import RESUME_MAY_CHANGE, Algorithm, LoadedPolicy
-from fiberrl.atari import NotAtari
-from fiberrl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
+from fiberrl.rl.atari import NotAtari
+from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
 from fiberrl.run import DamagedFile, require
-from fiberrl.validation import (ANY, Rule, UsageError, at_least, between, check_fields, finite, layer_sizes,
-                                non_negative, one_of, optional, positive, shown)
+from fiberrl.validation import (
+    ANY,
+    Rule,
+    UsageError,
+    at_least,
+    between,
+    check_fields,
+    finite,
+    layer_sizes,
+    non_negative,
+    one_of,
+    optional,
+    positive,
+    shown,
+)
 
 log = logging.getLogger("fiberrl")
 
@@ -726,7 +739,7 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 
 ALGORITHM = Algorithm(
     name="ppo", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
-    worker_modules=("fiberrl.env_servers",),  # what the env servers run (not torch: only the learner needs it)
+    worker_modules=("fiberrl.rl.env_servers",),  # what the env servers run (not torch: only the learner needs it)
     resume_may_change=frozenset({"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic",
                                  "stop_reward", "env_timeout"}),
     app_resume_may_change=RESUME_MAY_CHANGE - {"workers"},  # workers sets the number of envs

@@ -94,7 +94,7 @@ from fiberrl.config import compose  # noqa: E402 -- needs the path above
 
 # The plain id, registered when this module is imported.  The parent runs this file; each worker imports it
 # again as its __main__ (spawn's preparation) before it builds its env, so the id is registered there too.
-# (The "module:Id" form would import it by name, but fiberrl.envs.check_env_id rejects such ids: it asks
+# (The "module:Id" form would import it by name, but fiberrl.rl.envs.check_env_id rejects such ids: it asks
 # gymnasium.spec(), which, unlike gymnasium.make(), does not import the module.)
 ENV_NAME = "FixedCost-v0"
 OBS_SIZE, ACTION_SIZE = 24, 4  # BipedalWalker-v3's, so the policy and the master's update are the same size
@@ -292,8 +292,8 @@ def mp_peer(workers: int, population: int, cost: float, iterations: int, noise_s
     import functools
 
     from algos.es import Config, EvaluatorSpec, PairTask, evaluate, init_worker
-    from fiberrl.noise import NoiseTable
-    from fiberrl.policies import make_policy
+    from fiberrl.rl.noise import NoiseTable
+    from fiberrl.rl.policies import make_policy
 
     algo = Config()
     env = FixedCostEnv(cost)
@@ -452,6 +452,7 @@ def bare_run(processes: int, pairs: int, episode_steps: int) -> float:
     """Seconds ``processes`` forked processes take to share ``pairs`` pairs of episodes, timed from
     the first of them passing the start barrier (all have made their env by then)."""
     from gymnasium.envs.box2d import bipedal_walker  # noqa: F401 -- imported once, before the forks
+
     from fiberrl.runtime.pool.scheduler import OVERSUBSCRIBED_NICE
     ctx = multiprocessing.get_context("fork")
     counter, barrier, started = ctx.Value("q", 0), ctx.Barrier(processes + 1), ctx.Value("d", 0.0)

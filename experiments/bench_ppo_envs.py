@@ -1,4 +1,4 @@
-"""PPO's env throughput on Breakout: N remote env servers (fiberrl.env_servers)
+"""PPO's env throughput on Breakout: N remote env servers (fiberrl.rl.env_servers)
 against gymnasium's AsyncVectorEnv with the same number of envs, both driven
 by the same PPO rollout loop (batched Nature-CNN inference on the learner,
 actions sampled, observations stored), in the same run, in alternating slices.
@@ -29,7 +29,7 @@ from rich.console import Console
 
 from algos.ppo import env_actions, make_agent, train
 from fiberrl.config import compose
-from fiberrl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
+from fiberrl.rl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
 from fiberrl.run import RunDirectory
 
 SPEC = EnvSpec("ALE/Breakout-v5", atari=True)

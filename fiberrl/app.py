@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from algos import algorithm
 
 from .config import APP_RULES, BACKEND_RULES, ENV_RULES
-from .envs import UnknownEnvironment, check_env_id
+from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
 from .validation import UsageError, check_fields
 
@@ -39,8 +39,8 @@ def fingerprint(cfg) -> dict:
 
 def configure_backend(backend) -> None:
     import fiberrl.runtime as mp
-    from fiberrl.runtime.config import ConfigError
     from fiberrl.runtime.backends import BACKENDS
+    from fiberrl.runtime.config import ConfigError
     if backend.name != "auto" and backend.name not in BACKENDS:
         raise UsageError(f"unknown backend {backend.name!r}; available: {', '.join(BACKENDS)} (or auto)")
     settings = dict(backend.settings)

@@ -24,13 +24,13 @@ class EnvConfig:
     id: str = MISSING                   # a gymnasium id ("module:Id" imports the module first)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     max_episode_steps: int | None = None  # None: the id's registered limit (Atari: emulator frames)
-    atari: bool = False                 # the standard Atari preprocessing (fiberrl/atari.py); PPO only
+    atari: bool = False                 # the standard Atari preprocessing (fiberrl/rl/atari.py); PPO only
 
 
 # what each field may hold beyond its type (fiberrl.validation), checked before a run starts
 ENV_RULES = {
     "name": non_empty(),
-    "id": ANY,                          # a registered id: fiberrl.envs.check_env_id names close matches
+    "id": ANY,                          # a registered id: fiberrl.rl.envs.check_env_id names close matches
     "kwargs": ANY,                      # what the env takes: the algorithm makes it once to see
     "max_episode_steps": optional(at_least(1), "the id's registered limit"),
     "atari": ANY,                       # whether the algorithm applies it: fiberrl.app.validate

@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from .algorithm import LoadedPolicy
-from .envs import UnknownEnvironment, make_env
+from .rl.envs import UnknownEnvironment, make_env
 from .run import CHECKPOINT, load_npz
 
 CHECKPOINT_CHOICES = ("best", "latest")

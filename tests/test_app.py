@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from algos import ALGORITHMS
 from fiberrl.config import CONFIG_DIR, algorithms_used, compose
-from fiberrl.envs import check_env_id
+from fiberrl.rl.envs import check_env_id
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["algo.iterations=1", "algo.population=4", "algo.eval_episodes=1", "algo.noise_size=100000",
@@ -151,7 +151,7 @@ def test_readme_main_command_runs(tmp_path):
 
 
 def test_env_ids_from_a_module_are_imported_first(tmp_path, monkeypatch):
-    from fiberrl.envs import UnknownEnvironment, check_env_id
+    from fiberrl.rl.envs import UnknownEnvironment, check_env_id
 
     (tmp_path / "my_envs.py").write_text("import gymnasium\n" "gymnasium.register('MyCartPole-v0', "
                                          "entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")

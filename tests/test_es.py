@@ -14,7 +14,7 @@ import fiberrl.runtime as mp
 from algos.es import ES, Config, RunningStat, centered_ranks
 from fiberrl.app import run
 from fiberrl.config import compose
-from fiberrl.noise import NoiseTable, table_path
+from fiberrl.rl.noise import NoiseTable, table_path
 
 SMALL = ["algo.noise_size=2000000", "tensorboard=false"]
 
@@ -55,7 +55,7 @@ def test_running_stat_matches_numpy():
 
 
 def test_noise_blocks_are_the_same_however_many_threads_draw_them(monkeypatch):
-    from fiberrl import noise
+    from fiberrl.rl import noise
     monkeypatch.setattr(noise, "_GENERATE_BLOCK", 1000)
     tables = []
     for cores in (1, 4):

@@ -14,7 +14,7 @@ from fiberrl.evaluate import evaluate, load_policy
 from fiberrl.evaluate import main as evaluate_main
 from fiberrl.plot import group_runs, plot_runs
 from fiberrl.plot import main as plot_main
-from fiberrl.policies import make_policy
+from fiberrl.rl.policies import make_policy
 from fiberrl.run import RunDirectory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,8 +17,8 @@ import torch
 from algos.ppo import bootstrap_truncated, gae
 from fiberrl.app import UsageError, run
 from fiberrl.config import compose
-from fiberrl.env_servers import EnvSpec, RemoteEnvs
 from fiberrl.evaluate import evaluate
+from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the env servers too: they get our sys.path
 import ppo_toy_env  # noqa: E402

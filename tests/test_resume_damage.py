@@ -17,7 +17,7 @@ from rich.console import Console
 
 from fiberrl.app import run
 from fiberrl.config import compose
-from fiberrl.noise import table_path
+from fiberrl.rl.noise import table_path
 from fiberrl.run import CheckpointMismatch, RunDirectory
 
 REPO = Path(__file__).resolve().parent.parent

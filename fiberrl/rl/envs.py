@@ -36,7 +36,7 @@ def check_env_id(env_id: str) -> None:
 def make_env(env_id: str, kwargs: dict | None = None, max_episode_steps: int | None = None,
              render_mode: str | None = None, atari: bool = False) -> gym.Env:
     """``gymnasium.make(env_id, **kwargs)``; with ``atari`` the standard Atari
-    preprocessing on top (``fiberrl.atari``), with its episode statistics in ``info``."""
+    preprocessing on top (``fiberrl.rl.atari``), with its episode statistics in ``info``."""
     check_env_id(env_id)
     if atari:
         from .atari import make_atari

@@ -20,7 +20,7 @@ episode with a seed derived from (run seed, slot, generation, k), whichever
 server holds it.  An Atari emulator is not reseeded per episode (reloading
 the game costs ~70 ms, as much as 150 steps): its episodes after the first
 start from a snapshot of the emulator taken before their reset
-(``fiberrl.atari.snapshot``, ~15 KB), which the server reports.  An episode
+(``fiberrl.rl.atari.snapshot``, ~15 KB), which the server reports.  An episode
 is thus a function of its seed or snapshot and its actions; ``RemoteEnvs``
 records both for every slot, and ``history()`` rebuilds every env's state
 exactly in new servers (``RemoteEnvs(..., history=...)`` replays it): that is
@@ -43,9 +43,9 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from ..runtime.managers import AsyncManager, ManagerError
 from . import atari
 from .envs import make_env
-from .runtime.managers import AsyncManager, ManagerError
 
 log = logging.getLogger("fiberrl")
 
