@@ -59,3 +59,26 @@ def test_the_settings_name_every_backend_there_is():
     from fiberrl.runtime.backends import BACKENDS
     from fiberrl.runtime.config import BACKEND_NAMES
     assert tuple(BACKENDS) == BACKEND_NAMES
+
+
+def fiberrl_imports(folder: Path):
+    """(file, line, module) of each fiberrl module imported by the files in ``folder``."""
+    for path in sorted(folder.rglob("*.py")):
+        module = ".".join(path.relative_to(RUNTIME.parent.parent).with_suffix("").parts)
+        package = module.rpartition(".")[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
+                yield path, node.lineno, target or ""
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path, node.lineno, alias.name
+
+
+def test_the_runtime_imports_nothing_of_fiberrl_outside_it_and_the_rl_pieces_nothing_of_the_app():
+    outside = [f"{p.name}:{line} imports {target}" for p, line, target in fiberrl_imports(RUNTIME)
+               if target.startswith("fiberrl") and not target.startswith("fiberrl.runtime")]
+    app = [f"{p.name}:{line} imports {target}" for p, line, target in fiberrl_imports(RUNTIME.parent / "rl")
+           if target.startswith("fiberrl") and not target.startswith(("fiberrl.runtime", "fiberrl.rl"))]
+    assert not outside and not app, "\n".join(outside + app)
