@@ -52,10 +52,9 @@ from fiberrl.validation import (
 
 
 @dataclass
-class Config:
-    """The hyperparameters of ES; also the Hydra schema of ``algo=es``."""
-    name: str = "es"
-    iterations: int = 200             # ES updates to run (a resumed run continues up to this)
+class ESSettings:
+    """One ES optimiser's settings and what its perturbations are evaluated with: ``algo=es``'s, and
+    each of POET's pairs' (``algo.es.*`` there)."""
     population: int = 256             # perturbations per iteration; each is evaluated at +eps and -eps
     sigma: float = 0.02               # noise standard deviation
     learning_rate: float = 0.01       # Adam step size
@@ -67,6 +66,13 @@ class Config:
     noise_size: int = 250_000_000     # float32 numbers in the shared noise table (1 GB)
     obstat_prob: float = 0.1          # share of perturbations whose observations update the normaliser
     obs_clip: float = 5.0             # normalised observations are clipped to +-obs_clip
+
+
+@dataclass
+class Config(ESSettings):
+    """The hyperparameters of ES (``ESSettings`` and the loop's); also the Hydra schema of ``algo=es``."""
+    name: str = "es"
+    iterations: int = 200             # ES updates to run (a resumed run continues up to this)
     episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)
     eval_episodes: int = 5            # episodes of the unperturbed policy per iteration, for eval_reward
     checkpoint_every: int = 10        # iterations between checkpoints
@@ -75,9 +81,7 @@ class Config:
 
 
 # what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
-RULES = {
-    "name": one_of("es").because("algo=<name> chooses the algorithm"),
-    "iterations": at_least(1),
+SETTINGS_RULES = {
     "population": at_least(1),
     "sigma": positive(),
     "learning_rate": positive(),
@@ -89,6 +93,11 @@ RULES = {
     "noise_size": at_least(1),
     "obstat_prob": between(0, 1),
     "obs_clip": positive(),
+}
+RULES = {
+    **SETTINGS_RULES,
+    "name": one_of("es").because("algo=<name> chooses the algorithm"),
+    "iterations": at_least(1),
     "episode_steps": optional(at_least(1), "the env's own limit"),
     "eval_episodes": at_least(0).because("0: no eval_reward"),
     "checkpoint_every": at_least(1),
@@ -115,18 +124,18 @@ def check_settings(cfg) -> None:
     check_noise_room(algo.noise_size, cfg.seed)
 
 
-def check_noise_size(algo, env) -> None:
+def check_noise_size(algo, env, prefix: str = "algo.") -> None:
     """A perturbation is a slice of the noise table as long as the policy's parameters."""
     try:
         parameters = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden)).num_params
     except ValueError as exc:  # an action space the policies do not support
         raise UsageError(f"env.id={env.spec.id}: {exc}") from None
     if algo.noise_size < parameters:
-        raise UsageError(f"algo.noise_size={algo.noise_size}: must be at least {parameters}, the policy's number "
+        raise UsageError(f"{prefix}noise_size={algo.noise_size}: must be at least {parameters}, the policy's number "
                          f"of parameters (a perturbation is a slice of the noise table that long)")
 
 
-def check_noise_room(size: int, seed: int) -> None:
+def check_noise_room(size: int, seed: int, prefix: str = "algo.") -> None:
     """This host makes the table where fiberrl.rl.noise keeps it, unless an earlier run left it there."""
     path = table_path(seed, size)
     if os.path.exists(path):
@@ -134,7 +143,7 @@ def check_noise_room(size: int, seed: int) -> None:
     room = os.statvfs(os.path.dirname(path))
     free = room.f_bavail * room.f_frsize
     if size * FLOAT_BYTES > free:
-        raise UsageError(f"algo.noise_size={size}: its table needs {size * FLOAT_BYTES / 2**30:.1f} GiB and "
+        raise UsageError(f"{prefix}noise_size={size}: its table needs {size * FLOAT_BYTES / 2**30:.1f} GiB and "
                          f"{os.path.dirname(path)} has {free / 2**30:.1f} GiB free")
 
 

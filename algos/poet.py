@@ -35,6 +35,7 @@ import algos.es
 import fiberrl.runtime as mp
 from algos.es import (
     ES,
+    ESSettings,
     EvalResult,
     EvalTask,
     EvaluatorSpec,
@@ -46,6 +47,7 @@ from algos.es import (
     check_state,
 )
 from algos.es import RULES as ES_RULES
+from algos.es import SETTINGS_RULES as ES_SETTINGS_RULES
 from fiberrl.algorithm import Algorithm
 from fiberrl.rl.noise import NoiseTable
 from fiberrl.rl.policies import make_policy
@@ -59,18 +61,10 @@ class Config:
     """The hyperparameters of POET; also the Hydra schema of ``algo=poet``."""
     name: str = "poet"
     iterations: int = 2000             # POET iterations (one ES step per active pair each)
-    # ES, per pair (names as in algo=es, whose optimiser each pair uses)
-    population: int = 256              # perturbations per pair per step, each evaluated at +eps and -eps
-    sigma: float = 0.1
-    learning_rate: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    weight_decay: float = 0.01
-    obstat_prob: float = 0.0           # share of perturbations feeding observation normalisation (POET: none)
-    obs_clip: float = 10.0
-    policy: str = "mlp"
-    hidden: list[int] = field(default_factory=lambda: [40, 40])
-    noise_size: int = 25_000_000       # float32 numbers in the shared noise table (100 MB)
+    # each pair's ES optimiser, as algo=es's (algo.es.sigma=...), with the paper's values: no observation
+    # normalisation, a 100 MB noise table
+    es: ESSettings = field(default_factory=lambda: ESSettings(
+        sigma=0.1, weight_decay=0.01, obstat_prob=0.0, obs_clip=10.0, hidden=[40, 40], noise_size=25_000_000))
     episode_steps: int | None = None   # cap on an episode's steps (None: the terrain env's 2000)
     eval_episodes: int = 1             # episodes that score an agent on a terrain
     # the open-ended loop
@@ -104,10 +98,8 @@ ENCODING_BOUND = positive().because("the encoding's bound and its unit of novelt
 
 # what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
 RULES = {
-    # the settings of each pair's ES, as ES has them
-    **{key: ES_RULES[key] for key in ("iterations", "population", "sigma", "learning_rate", "adam_beta1",
-                                      "adam_beta2", "weight_decay", "obstat_prob", "obs_clip", "policy", "hidden",
-                                      "noise_size")},
+    "iterations": ES_RULES["iterations"],
+    "es": ANY,  # checked field by field against ES's own rules (check_settings)
     "name": one_of("poet").because("algo=<name> chooses the algorithm"),
     "episode_steps": optional(at_least(1), "the terrain env's own limit"),
     "eval_episodes": at_least(1).because("an agent's score on a terrain is their mean"),
@@ -350,7 +342,7 @@ class Master:
 
 
 def new_es(theta: np.ndarray, cfg, noise: NoiseTable, rng: np.random.Generator, obs_shape) -> ES:
-    return ES(theta, cfg, noise, seed=int(rng.integers(0, 2**63 - 1)), obs_shape=obs_shape)
+    return ES(theta, cfg.es, noise, seed=int(rng.integers(0, 2**63 - 1)), obs_shape=obs_shape)
 
 
 def fresh_optimiser(source: ES, cfg, noise: NoiseTable, rng: np.random.Generator) -> ES:
@@ -436,7 +428,7 @@ def pair_arrays(arrays: dict, pair_id: int) -> dict:
 def unpack(arrays, values, master, cfg, noise, obs_shape) -> tuple[list, list]:
     pairs = []
     for meta in values["pairs"]:
-        es = ES(arrays[f"pair{meta['id']}.theta"], cfg, noise, seed=0, obs_shape=obs_shape)
+        es = ES(arrays[f"pair{meta['id']}.theta"], cfg.es, noise, seed=0, obs_shape=obs_shape)
         es.restore(pair_arrays(arrays, meta["id"]), meta["es"])
         pairs.append(Pair(meta["id"], TerrainEncoding.from_dict(meta["encoding"]), es, meta["created"],
                           meta["parent"], meta["score"]))
@@ -482,6 +474,7 @@ def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
 def check_settings(cfg) -> None:
     """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
     check_fields(cfg.algo, RULES, "algo.")
+    check_fields(cfg.algo.es, ES_SETTINGS_RULES, "algo.es.")
     algo = cfg.algo
     if cfg.env.id.split(":")[-1] != ENV_ID:
         raise UsageError(f"algo=poet evolves Bipedal Walker terrains: use env=terrain_walker, not env={cfg.env.name}")
@@ -489,17 +482,17 @@ def check_settings(cfg) -> None:
         raise UsageError(f"algo.mc_low={algo.mc_low} is above algo.mc_high={algo.mc_high}")
     env = make_terrain_env(None)
     try:
-        check_noise_size(algo, env)
+        check_noise_size(algo.es, env, "algo.es.")
     finally:
         env.close()
-    check_noise_room(algo.noise_size, cfg.seed)
+    check_noise_room(algo.es.noise_size, cfg.seed, "algo.es.")
 
 
 def train(cfg, run, on_iteration=None) -> dict:
     """Run POET as ``cfg`` says, writing into ``run`` (a ``fiberrl.run.RunDirectory``).
     ``on_iteration(iteration, pool)`` is called after every iteration."""
     check_settings(cfg)
-    noise = NoiseTable(cfg.seed, cfg.algo.noise_size)
+    noise = NoiseTable(cfg.seed, cfg.algo.es.noise_size)
     try:
         return _train(cfg, run, noise, on_iteration)
     finally:
@@ -510,7 +503,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     from fiberrl.rl.terrain_plot import plot_population, plot_progress
     algo = cfg.algo
     env = make_terrain_env(None)
-    policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
+    policy = make_policy(algo.es.policy, env.observation_space, env.action_space, list(algo.es.hidden))
     obs_shape = env.observation_space.shape
     env.close()
     scale = encoding_scale(algo)
@@ -519,8 +512,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                  created=0, parent=None)
     pairs, archive, next_id, start, elapsed = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, 0, 0.0
 
-    spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.policy, list(algo.hidden),
-                         cfg.seed, algo.noise_size, algo.sigma, algo.obs_clip)
+    spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.es.policy,
+                         list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.sigma, algo.es.obs_clip)
     server = ParamServer()
     server.start()
     pool = None

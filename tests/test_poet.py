@@ -15,8 +15,8 @@ from fiberrl.rl.walker_terrain import TerrainEncoding, make_terrain_env
 CFG = Config()
 SCALE = encoding_scale(CFG)
 # small enough for CI: every child passes the criterion and every pair may reproduce
-TINY = ["algo=poet", "workers=2", "tensorboard=false", "algo.population=4", "algo.episode_steps=40",
-        "algo.noise_size=1000000", "algo.reproduce_every=2", "algo.transfer_every=3", "algo.children=3",
+TINY = ["algo=poet", "workers=2", "tensorboard=false", "algo.es.population=4", "algo.episode_steps=40",
+        "algo.es.noise_size=1000000", "algo.reproduce_every=2", "algo.transfer_every=3", "algo.children=3",
         "algo.max_admitted=1", "algo.reproduce_threshold=-1000", "algo.mc_low=-1000", "algo.mc_high=1000",
         "algo.checkpoint_every=3"]
 
