@@ -4,6 +4,7 @@ to the real listener (what an outside review did to every connection kind),
 and a party on a TCP path that relays every byte and adds frames of its own."""
 import os
 import pickle
+import selectors
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from conftest import wait_until
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.net import auth, stream, transport, wire
+from fiberrl.runtime.net import listener as listener_module
 from fiberrl.runtime.net.listener import Listener
 from fiberrl.runtime.pool.worker import CHUNK
 from fiberrl.runtime.processes.hub import get_hub
@@ -47,6 +49,7 @@ class Relay:
         self.listening, self.target, self.inject, self.after, self.hijack = listening, target, inject, after, hijack
         self.hijacked = False
         self.accepted = 0
+        self.on_close = []
         self._threads: list[threading.Thread] = []
         listening.listen(16)
         listening.settimeout(0.2)
@@ -67,7 +70,7 @@ class Relay:
             except OSError:
                 return
             self.accepted += 1
-            host, _, port = self.target.rpartition(":")
+            host, _, port = self.target.partition("/")[0].rpartition(":")
             server = _dial((host, int(port)))
             self._start(self._pump, client, server, True)
             self._start(self._pump, server, client, False)
@@ -98,6 +101,8 @@ class Relay:
     def close(self) -> None:
         self._stop = True
         self.listening.close()
+        for undo in self.on_close:
+            undo()
 
 
 def squat(name: str) -> socket.socket | None:
@@ -134,7 +139,7 @@ def echo_after_loading(marker_dir):
 @linux_only
 def test_a_squatter_on_the_old_name_never_sees_a_connection(tmp_path):
     listener = Listener("127.0.0.1", echo_after_loading(tmp_path))
-    squatter = squat(predictable_name(listener.address))
+    squatter = squat(predictable_name(listener._gate.address))
     assert squatter is not None
     relay = Relay(squatter, listener.address, evil_frame(tmp_path / "pwned"))
     client = stream.connect(listener.address)
@@ -153,10 +158,10 @@ def test_a_holder_of_the_local_name_that_relays_to_tcp_is_refused_and_logged(tmp
     over a Unix socket, the listener sees TCP.  The client says so and goes over TCP."""
     loaded = []
     listener = Listener("127.0.0.1", lambda s: loaded.append(wire.loads(s.recv())))
-    listener._selector.unregister(listener._local)
-    stream._close(listener._local)  # as if a squatter had been first
+    listener._gate._selector.unregister(listener._gate._local)
+    stream._close(listener._gate._local)  # as if a squatter had been first
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    assert wait_until(lambda: _bound(squatter, auth.local_name(listener.address)), 10)
+    assert wait_until(lambda: _bound(squatter, auth.local_name(listener._gate.address)), 10)
     relay = Relay(squatter, listener.address, evil_frame(tmp_path / "pwned"))
     client = stream.connect(listener.address)
     assert client.sock.family == socket.AF_INET
@@ -186,10 +191,14 @@ def test_a_party_on_the_tcp_path_cannot_add_frames(tmp_path, caplog):
     listener = Listener("127.0.0.1", lambda s: loaded.extend(wire.loads(s.recv()) for _ in range(2)))
     middle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     middle.bind(("127.0.0.1", 0))
-    relay = Relay(middle, listener.address, evil_frame(tmp_path / "pwned"))
+    service = listener.address.partition("/")[2]
+    # after the client's handshake (80 bytes) and the frame that names the service, MAC'd
+    relay = Relay(middle, listener.address, evil_frame(tmp_path / "pwned"),
+                  after=80 + 8 + len(service) + auth.MAC_BYTES)
     sock = socket.create_connection(middle.getsockname()[:2], timeout=10)
     # the client believes it dialled the listener: a party on the path keeps addresses alike
-    client = stream._authenticate(stream.Stream(sock), listener.address)
+    gate, _, service = listener.address.partition("/")
+    client = stream.ask_for(stream._authenticate(stream.Stream(sock), gate), service)
     assert wait_until(lambda: relay.inject == b"", 10)
     client.send([bytes(wire.join(wire.dumps("from the client")))])
     with pytest.raises(stream.PeerMisbehaved, match="MAC"):
@@ -204,8 +213,10 @@ def test_a_party_on_the_tcp_path_cannot_add_frames(tmp_path, caplog):
 def test_frames_over_tcp_carry_macs_that_the_peer_checks():
     frames = []
     listener = Listener("127.0.0.1", lambda s: frames.extend(s.recv() for _ in range(3)))
-    host, _, port = listener.address.rpartition(":")
-    client = stream._authenticate(stream.Stream(socket.create_connection((host, int(port)))), listener.address)
+    host, _, port = listener.address.partition("/")[0].rpartition(":")
+    gate, _, service = listener.address.partition("/")
+    client = stream.ask_for(stream._authenticate(stream.Stream(socket.create_connection((host, int(port)))), gate),
+                            service)
     for size in (0, 100, 3 << 20):
         client.send([b"x" * size])
     assert wait_until(lambda: len(frames) == 3, 10)
@@ -225,14 +236,27 @@ def take_over_local_name(listener, answers: list[bytes]) -> Relay:
     """Close ``listener``'s Unix socket and hold its name, relaying the handshake to
     its TCP side and then answering the client with ``answers`` (frame bodies): the
     squat the review ran (it bound the names before the listeners did)."""
-    name = listener._local.getsockname()
-    listener._selector.unregister(listener._local)  # before its fd may be reused
-    stream._close(listener._local)
+    name = listener._gate._local.getsockname()
+    listener._gate._selector.unregister(listener._gate._local)  # before its fd may be reused
+    stream._close(listener._gate._local)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     assert wait_until(lambda: _bound(squatter, name), 10)
     no_ring = stream.RING_OFFER.to_bytes(8, "little")  # "I have no ring or pipe to offer"
     frames = b"".join(len(body).to_bytes(8, "little") + body for body in answers)
-    return Relay(squatter, listener.address, no_ring + frames, hijack=True)
+    relay = Relay(squatter, listener.address, no_ring + frames, hijack=True)
+    relay.on_close.append(lambda: give_the_name_back(listener._gate, relay._threads[:1]))
+    return relay
+
+
+def give_the_name_back(gate, relay_threads) -> None:
+    """The gate listens on its local name again: the process's other services (the
+    hub's, the next test's pools) share it."""
+    for thread in relay_threads:  # the name is free once its accept() returns
+        thread.join(timeout=5)
+    gate._local = gate._listen_locally()
+    gate._local.setblocking(False)
+    gate._selector.register(gate._local, selectors.EVENT_READ, listener_module._ACCEPT)
+    gate._wake_write.send(b"x")
 
 
 ATTACK_MARKER = f"/tmp/fiberrl-relay-attack-{os.getpid()}"
@@ -292,7 +316,7 @@ def test_a_manager_stream_through_a_party_on_its_path_loads_nothing(marker, monk
         middle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         middle.bind(("127.0.0.1", 0))
         relay = Relay(middle, manager.address, evil_frame(marker))
-        host, _, port = manager.address.rpartition(":")
+        host, _, port = manager.address.partition("/")[0].rpartition(":")
         diverted = middle.getsockname()[:2]
         monkeypatch.setattr(stream, "_connect_local", lambda address, timeout: None)
         monkeypatch.setattr(socket, "create_connection",
@@ -338,7 +362,7 @@ def test_a_queue_hubs_connection_through_a_party_on_its_path_loads_nothing(marke
     middle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     middle.bind(("127.0.0.1", 0))
     relay = Relay(middle, hub_address, evil_frame(marker))
-    host, _, port = hub_address.rpartition(":")
+    host, _, port = hub_address.partition("/")[0].rpartition(":")
     diverted = middle.getsockname()[:2]
     monkeypatch.setattr(stream, "_connect_local", lambda address, timeout: None)
     monkeypatch.setattr(socket, "create_connection",
@@ -363,6 +387,6 @@ def test_a_listener_whose_local_name_is_taken_refuses_and_says_so(monkeypatch, c
     monkeypatch.setattr(auth, "local_name", lambda address, secret=None: name)
     from fiberrl.runtime.net.listener import ListenerError
     with pytest.raises(ListenerError, match="held by another process"):
-        Listener("127.0.0.1", lambda s: None)
+        Listener("127.0.0.3", lambda s: None)  # a host this process has no gate on yet
     assert "held by another process" in caplog.text
     holder.close()

@@ -186,7 +186,7 @@ def test_a_peer_without_the_secret_cannot_make_the_hub_allocate(tmp_path):
     child = mp.Process(target=host_queue_in_child, args=(ready, out))
     child.start()
     _, child_pid, childs_queue = ready.get(timeout=30)
-    host, _, port = childs_queue._ref.address.rpartition(":")
+    host, _, port = childs_queue._ref.address.partition("/")[0].rpartition(":")
     before = rss_bytes(child_pid)
     sent = 0
     with socket.create_connection((host, int(port)), timeout=10) as s:

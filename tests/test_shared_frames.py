@@ -124,7 +124,7 @@ def test_streams_over_tcp_have_no_ring(monkeypatch):
 
 def raw_local_connection(listener) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(auth.local_name(listener.address))
+    sock.connect(auth.local_name(listener._gate.address))
     return sock
 
 
@@ -238,7 +238,7 @@ def handshake_by_hand(listener) -> socket.socket:
     while len(reply) < 8 + 2 * auth.NONCE_BYTES:
         reply += sock.recv(4096)
     server_nonce = reply[8:8 + auth.NONCE_BYTES]
-    proof = auth.client_proof(secret, server_nonce, client_nonce, auth.channel("unix", listener.address))
+    proof = auth.client_proof(secret, server_nonce, client_nonce, auth.channel("unix", listener._gate.address))
     sock.sendall(len(proof).to_bytes(8, "little") + proof)
     return sock
 

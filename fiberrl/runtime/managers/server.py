@@ -195,7 +195,7 @@ def _shown(obj) -> str:
 def serve(registry: dict, inline: bool, address_queue) -> None:
     """The manager process's target: serve on a stream listener, say where, run until shut down."""
     server = ManagerServer(registry, inline)
-    listener = Listener(listen_host(), server.serve)
+    listener = Listener(listen_host(), server.serve, name="manager")
     server.address = listener.address
     log.info("manager serving at %r", listener.address)
     address_queue.put(listener.address)

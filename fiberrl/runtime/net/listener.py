@@ -1,6 +1,12 @@
 """Accepts authenticated streams (:mod:`fiberrl.runtime.net.stream`).
 
-One thread per listener, the gate, runs every connection's handshake up to
+A process listens once per host it is reached on: every service in it (its
+hub's queues and pipes, its children's links, each of its pools, a manager's
+objects) is a ``Listener`` on that one gate, its address the gate's with
+``/<name>`` after it.  A client names the service in its first frame after
+the handshake, so every connection passes the same gate and handshake.
+
+One thread per gate runs every connection's handshake up to
 the client's proof, without blocking on any of them: a connection that has
 proved nothing costs no thread and 40 bytes of buffer, holds its place for
 at most ``HANDSHAKE_TIMEOUT`` seconds in all (not per read: a peer that
@@ -17,7 +23,9 @@ connections meanwhile wait in the kernel's backlog.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -39,6 +47,8 @@ _PART_HEAD = _LENGTH.pack(auth.NONCE_BYTES)
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 BACKOFF_FIRST, BACKOFF_MOST = 0.05, 1.0
 _ACCEPT, _WAKE = "accept", "wake"
+# the longest service name a client may ask for
+MAX_SERVICE_NAME = 64
 
 
 class ListenerError(OSError):
@@ -58,12 +68,40 @@ class _Handshake:
 
 
 class Listener:
-    """Accepts streams on ``host``; ``serve(stream)`` runs on a thread of its own per connection."""
+    """A service of this process on ``host``: the streams that name it are
+    given to ``serve(stream)``, on a thread of their own."""
 
-    def __init__(self, host: str, serve, hand_off: bool = False):
+    def __init__(self, host: str, serve, hand_off: bool = False, name: str = "service"):
         """``hand_off``: ``serve`` keeps the stream (a poller reads it) instead
         of serving it on the connection's thread until it ends."""
-        self._serve, self._hand_off = serve, hand_off
+        self.serve, self.hand_off = serve, hand_off
+        key = (os.getpid(), host)
+        with _gates_lock:
+            gate = _gates.get(key)
+            if gate is None or gate.closed:  # the first service on host, or in a forked child
+                gate = _gates[key] = _Gate(host)
+            self._gate, self.name = gate, gate.add(name, self)
+        self.address = f"{gate.address}/{self.name}"
+
+    def close(self) -> None:
+        """Take no more streams for this service (those it has go on); the gate
+        closes with its last service."""
+        with _gates_lock:
+            last = self._gate.remove(self.name)
+        if last:
+            self._gate.close()
+
+
+_gates: dict[tuple[int, str], _Gate] = {}
+_gates_lock = threading.Lock()
+
+
+class _Gate:
+    """Accepts streams on ``host`` for the services added to it."""
+
+    def __init__(self, host: str):
+        self._services: dict[str, Listener] = {}
+        self._names = itertools.count(1)
         self._secret = auth.run_secret()
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind((host, 0))
@@ -83,8 +121,26 @@ class Listener:
             if sock is not None:
                 sock.setblocking(False)
                 self._selector.register(sock, selectors.EVENT_READ, _ACCEPT)
-        self._gate = threading.Thread(target=self._run, name="fiberrl-stream-gate", daemon=True)
-        self._gate.start()
+        self._thread = threading.Thread(target=self._run, name="fiberrl-stream-gate", daemon=True)
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add(self, name: str, service: Listener) -> str:
+        unique = f"{name}-{next(self._names)}"
+        self._services[unique] = service
+        return unique
+
+    def remove(self, name: str) -> bool:
+        """Whether that was the last service: then the gate is closed (under the same lock as
+        adding, so no service joins a gate that is closing)."""
+        self._services.pop(name, None)
+        if self._services or self._closed:
+            return False
+        self._closed = True
+        return True
 
     def _listen_locally(self) -> socket.socket | None:
         local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -275,6 +331,7 @@ class Listener:
                 stream.sign_frames(*auth.session_signers(self._secret, handshake.client_nonce, handshake.server_nonce,
                                                          self._channels["tcp"], is_client=False))
             stream.handshake_done()
+            asked = bytes(stream.recv(limit=MAX_SERVICE_NAME)).decode("ascii", "replace")
         except PeerMisbehaved as exc:
             log.warning("closed a stream from %s that misbehaved after its proof (%s)", stream.peer, exc)
             stream.close()
@@ -284,11 +341,16 @@ class Listener:
             log.debug("a stream from %s closed during its handshake (%s)", stream.peer, exc)
             stream.close()
             return
-        if self._hand_off:
-            self._serve(stream)
+        service = self._services.get(asked)
+        if service is None:  # gone (a pool terminated as its workers connect) or never here
+            log.debug("a stream from %s asked for %r, which %s does not serve", stream.peer, asked, self.address)
+            stream.close()
+            return
+        if service.hand_off:
+            service.serve(stream)
             return
         try:
-            self._serve(stream)
+            service.serve(stream)
         except LinkError:
             pass
         finally:
@@ -300,5 +362,5 @@ class Listener:
             self._wake_write.send(b"x")
         except OSError:
             pass
-        if threading.current_thread() is not self._gate:
-            self._gate.join(timeout=5)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)

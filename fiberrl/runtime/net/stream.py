@@ -445,7 +445,23 @@ class Stream:
 
 
 def connect(address: str, timeout: float = HANDSHAKE_TIMEOUT) -> Stream:
-    """Open an authenticated stream to ``address`` ("host:port")."""
+    """Open an authenticated stream to the service at ``address`` ("host:port/name": a
+    process's gate, and the service in it, ``net.listener``)."""
+    gate, _, service = address.partition("/")
+    return ask_for(_connect_gate(gate, timeout), service)
+
+
+def ask_for(stream: Stream, service: str) -> Stream:
+    """Name the service the stream is for, its first frame after the handshake."""
+    try:
+        stream.send([service.encode("ascii")])
+    except BaseException:
+        stream.close()
+        raise
+    return stream
+
+
+def _connect_gate(address: str, timeout: float) -> Stream:
     local = _connect_local(address, timeout)
     if local is not None:
         try:

@@ -104,7 +104,7 @@ class Server:
 
     def listen(self, host: str) -> str:
         """Also accept connections on ``host`` (a fresh port); its address."""
-        listener = Listener(host, self._adopt, hand_off=True)
+        listener = Listener(host, self._adopt, hand_off=True, name="objects")
         self._listeners.append(listener)
         return listener.address
 

@@ -142,7 +142,7 @@ class Scheduler:
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
         self._stream_ids = itertools.count(1)
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
-        self._listener = Listener(listen_host(), self._serve_worker, hand_off=True)
+        self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
         self._local = resolve_name(get_config().backend) == "local"
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()

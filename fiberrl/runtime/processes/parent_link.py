@@ -34,12 +34,12 @@ class ChildLinks:
         self._handle = handle
         self._extra: list[Listener] = []
         self._pump = StreamPump(self._on_frames, lambda stream, key: None, "fiberrl-child-links")
-        self._listener = Listener(host, self._adopt, hand_off=True)
+        self._listener = Listener(host, self._adopt, hand_off=True, name="children")
         self.address = self._listener.address
 
     def listen(self, host: str) -> str:
         """Also accept links on ``host`` (a process whose jobs run on another backend)."""
-        listener = Listener(host, self._adopt, hand_off=True)
+        listener = Listener(host, self._adopt, hand_off=True, name="children")
         self._extra.append(listener)
         return listener.address
 
