@@ -43,7 +43,8 @@ def configure_backend(backend) -> None:
     from fiberrl.runtime.config import ConfigError
     if backend.name != "auto" and backend.name not in BACKENDS:
         raise UsageError(f"unknown backend {backend.name!r}; available: {', '.join(BACKENDS)} (or auto)")
-    settings = dict(backend.settings)
+    given = backend.settings
+    settings = {key: given[key] for key in given if not OmegaConf.is_missing(given, key)}
     if backend.name != "auto":
         settings["backend"] = backend.name
     try:

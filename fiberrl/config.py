@@ -2,10 +2,11 @@
 against, so a misspelt key or a badly typed value fails at start."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -37,11 +38,24 @@ ENV_RULES = {
 }
 
 
+def runtime_settings_schema() -> type:
+    """``backend.settings``'s schema: every runtime setting (``fiberrl.runtime.config.RuntimeConfig``) but
+    ``backend`` (``backend.name`` here), each typed and unset (``???``) unless given, so that Hydra checks a
+    value's type and ``configure()`` gets only what was set (``+backend.settings.<key>=`` still works)."""
+    from fiberrl.runtime.config import RuntimeConfig
+    hints = typing.get_type_hints(RuntimeConfig)
+    return make_dataclass("RuntimeSettings", [(f.name, Optional[hints[f.name]], field(default=MISSING))
+                                              for f in fields(RuntimeConfig) if f.name != "backend"])
+
+
+RuntimeSettings = runtime_settings_schema()
+
+
 @dataclass
 class BackendConfig:
     name: str = "auto"                  # where workers run: local, docker, kubernetes, slurm; auto: the
                                         # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml, kubernetes in a pod)
-    settings: dict[str, Any] = field(default_factory=dict)  # runtime settings: image, volumes, slurm_partition...
+    settings: RuntimeSettings = field(default_factory=RuntimeSettings)  # runtime settings: image, slurm_partition...
 
 
 BACKEND_RULES = {

@@ -233,3 +233,15 @@ def preset_command_lines() -> list[list[str]]:
 def test_the_defaults_and_every_shipped_preset_pass(command_line):
     app.validate(compose(command_line))
 
+
+
+def test_backend_settings_are_typed_as_the_runtime_types_them_and_only_those_given_are_set(monkeypatch):
+    from hydra.errors import ConfigCompositionException
+    with pytest.raises(ConfigCompositionException):
+        compose(["backend.settings.heartbeat_timeout=soon"])
+    given = []
+    monkeypatch.setattr(runtime_config, "configure", lambda **settings: given.append(settings))
+    monkeypatch.setattr("fiberrl.runtime.configure", lambda **settings: given.append(settings))
+    app.configure_backend(compose(["backend=slurm", "+backend.settings.slurm_partition=debug",
+                                   "backend.settings.heartbeat_timeout=5"]).backend)
+    assert given == [{"slurm_partition": "debug", "heartbeat_timeout": 5.0, "backend": "slurm"}]

@@ -36,7 +36,8 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class RuntimeConfig:
+class CommonSettings:
+    """What every backend's jobs and this process go by."""
     backend: str = "auto"
     """Where job-backed processes run: local (child OS processes), docker,
     kubernetes or slurm; auto is kubernetes inside a pod, else local."""
@@ -50,9 +51,6 @@ class RuntimeConfig:
     dies is seen at once (its connection closes); this only catches a hung
     parent or a vanished host, and must outlast a loaded machine: 256 busy
     workers on 2 cores left heartbeats unanswered for over 3 s."""
-    local_fork_server: bool = True
-    """Start local jobs by forking a process that has already imported the
-    runtime (several times faster); false: a fresh interpreter per job."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
     max_message_size: int = 1 << 30
@@ -61,9 +59,31 @@ class RuntimeConfig:
     hung up on."""
     log_level: str = "WARNING"
     """Level of the ``fiberrl`` logger."""
+    log_file: str = ""
+    """File every process of the run appends the ``fiberrl`` log to, each record
+    naming its process; ``stdout``: standard output; empty: no log file."""
     schedule_timeout: float = 600.0
     """Seconds a job may wait to be scheduled (pending pod, queued Slurm job)
     before it is cancelled and reported as unable to start."""
+    cpu_per_job: float = 0.0
+    """CPU cores requested for each job whose function has no ``@meta(cpu=)``;
+    0: the backend's default (Fiber's ``cpu_per_job``)."""
+    mem_per_job: int = 0
+    """MiB of memory requested for each job whose function has no ``@meta(mem=)``;
+    0: the backend's default (Fiber's ``mem_per_job``)."""
+
+
+@dataclass
+class LocalSettings:
+    """The local backend's."""
+    local_fork_server: bool = True
+    """Start local jobs by forking a process that has already imported the
+    runtime (several times faster); false: a fresh interpreter per job."""
+
+
+@dataclass
+class ClusterJobSettings:
+    """What the docker, kubernetes and slurm backends give their jobs."""
     image: str = ""
     """Image of docker and kubernetes jobs; empty: the image this process runs in."""
     volumes: str = ""
@@ -73,12 +93,27 @@ class RuntimeConfig:
     forward_env: str = ""
     """Comma-separated environment variables copied into docker, kubernetes
     and slurm jobs, beyond FIBERRL_* and the Python ones."""
+
+
+@dataclass
+class DockerSettings:
+    """The docker backend's."""
     docker_network: str = ""
     """Docker network of the jobs; empty: this container's network, else bridge."""
+
+
+@dataclass
+class KubernetesSettings:
+    """The kubernetes backend's."""
     kubernetes_namespace: str = ""
     """Namespace of the pods; empty: this pod's own, else the kubeconfig's, else default."""
     kubernetes_config: str = ""
     """kubeconfig file; empty: in-cluster config inside a pod, else ~/.kube/config."""
+
+
+@dataclass
+class SlurmSettings:
+    """The slurm backend's."""
     slurm_partition: str = ""
     slurm_account: str = ""
     slurm_time: str = ""
@@ -88,15 +123,13 @@ class RuntimeConfig:
     slurm_dir: str = ""
     """Directory on a file system every node shares, for the jobs' exit files,
     logs and the run's secret; empty: ~/.fiberrl/slurm."""
-    cpu_per_job: float = 0.0
-    """CPU cores requested for each job whose function has no ``@meta(cpu=)``;
-    0: the backend's default (Fiber's ``cpu_per_job``)."""
-    mem_per_job: int = 0
-    """MiB of memory requested for each job whose function has no ``@meta(mem=)``;
-    0: the backend's default (Fiber's ``mem_per_job``)."""
-    log_file: str = ""
-    """File every process of the run appends the ``fiberrl`` log to, each record
-    naming its process; ``stdout``: standard output; empty: no log file."""
+
+
+@dataclass
+class RuntimeConfig(SlurmSettings, KubernetesSettings, DockerSettings, ClusterJobSettings, LocalSettings,
+                    CommonSettings):
+    """Every setting, as ``configure()``, ``fiberrl.toml`` and ``FIBERRL_<KEY>`` take them (flat: the
+    groups above say which backend reads which); the app's ``backend.settings`` is typed from it."""
 
 
 _KEYS = {f.name: f for f in fields(RuntimeConfig)}
