@@ -37,7 +37,7 @@ from .stream import _LENGTH, CHALLENGE_BYTES, HANDSHAKE_TIMEOUT, LOCAL_SOCKETS, 
 
 log = logging.getLogger("fiberrl.stream")
 
-# connections in the handshake at once, per listener: past it one is dropped.  Far above a
+# connections in the handshake at once, per gate: past it one is dropped.  Far above a
 # legitimate burst: 1024 pool workers starting on 2 cores overran 128, and were dropped
 MAX_HANDSHAKES = 4096
 # a client's nonce or proof, framed as every frame is
