@@ -1,6 +1,6 @@
 """PPO on BipedalWalker-v3 for 5M environment steps: fiberrl's preset
 (``+experiment=ppo_bipedal_walker``: rl-baselines3-zoo's settings on 2 env
-servers of 16 envs) against the peer, Stable-Baselines3's PPO with the zoo's
+servers of 16 envs, its Gaussian starting at std e^-1) against the peer, Stable-Baselines3's PPO with the zoo's
 hyperparameters (32 envs in a DummyVecEnv as the zoo makes them, VecNormalize
 with gamma 0.999), the same seeds, one after the other on this machine.
 
@@ -220,7 +220,7 @@ def draw(rows: list[dict], path: Path) -> None:
     axes[1].set_xlabel("wall time (s)")
     axes[0].set_ylabel("training episodes' return (mean per update)")
     axes[0].legend(loc="lower right", fontsize="small")
-    fig.suptitle(f"{ENV_ID}, PPO with the zoo's settings: one line per seed")
+    fig.suptitle(f"{ENV_ID}: fiberrl's PPO preset and SB3's PPO with the zoo's settings, one line per seed")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
