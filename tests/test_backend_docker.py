@@ -254,7 +254,7 @@ def test_the_reaper_removes_a_killed_owners_containers(docker_config, api, scrip
     script = textwrap.dedent(f"""
         import os, sys, time
         import fiberrl.runtime as mp
-        from fiberrl.runtime import auth
+        from fiberrl.runtime.net import auth
         from fiberrl.runtime.backends import OWNER, JobSpec, start_job
         mp.configure(**{docker_backend.settings()!r})
         start_job(JobSpec(command={SLEEPER!r}, name="orphan", cwd=os.getcwd(), run=auth.run_id(), owner=OWNER))

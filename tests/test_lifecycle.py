@@ -40,7 +40,7 @@ NORMAL_EXIT = textwrap.dedent("""
         assert hub.current_hub() is None, "hub still open at exit"
         names = [t.name for t in threading.enumerate() if t.name.startswith("fiberrl")]
         assert not names, f"threads left: {names}"
-        host, port = ADDRESS[0].removeprefix("tcp://").rsplit(":", 1)
+        host, port = ADDRESS[0].removeprefix("tcp://").partition("/")[0].rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=1).close()
             raise AssertionError("hub port still accepts connections")

@@ -40,7 +40,7 @@ def test_the_hub_answers_a_job_and_refuses_what_it_does_not_know():
 
 
 def test_a_stranger_without_the_secret_gets_nothing_and_is_reported(caplog):
-    host, _, port = get_hub().child_address.rpartition(":")
+    host, _, port = get_hub().child_address.partition("/")[0].rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall((33).to_bytes(8, "little") + bytes((LAUNCH,)) + os.urandom(32))
         sock.settimeout(10)
@@ -56,7 +56,7 @@ def test_a_stranger_without_the_secret_gets_nothing_and_is_reported(caplog):
 
 def test_a_peer_gone_during_its_handshake_is_no_alarm(caplog):
     """A job killed as it connects (a pool terminated while its workers start) is not an attack."""
-    host, _, port = get_hub().child_address.rpartition(":")
+    host, _, port = get_hub().child_address.partition("/")[0].rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10):
         pass
     time.sleep(0.5)

@@ -27,8 +27,8 @@ ES = ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_
       "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
 PPO = ["algo=ppo", "env=cartpole", "tensorboard=false", "algo.eval_every=0", "workers=1", "algo.envs_per_worker=1",
        "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1", "algo.checkpoint_every=1"]
-POET = ["algo=poet", "workers=1", "tensorboard=false", "algo.population=4", "algo.episode_steps=40",
-        f"algo.noise_size={NOISE_SIZE}", f"seed={SEED}", "algo.reproduce_every=2", "algo.children=2",
+POET = ["algo=poet", "workers=1", "tensorboard=false", "algo.es.population=4", "algo.episode_steps=40",
+        f"algo.es.noise_size={NOISE_SIZE}", f"seed={SEED}", "algo.reproduce_every=2", "algo.children=2",
         "algo.max_admitted=1", "algo.reproduce_threshold=-1000", "algo.mc_low=-1000", "algo.mc_high=1000",
         "algo.checkpoint_every=1"]
 TIMING = {"time_s", "iteration_s", "master_s", "rollout_s", "update_s", "charts/SPS", "utilisation",
