@@ -83,7 +83,7 @@ def auth_cost(n):
     from fiberrl.runtime.net import transport
     from fiberrl.runtime.processes.hub import PING, get_hub
     address = get_hub().address
-    host, _, port = address.rpartition(":")
+    host, _, port = address.partition("/")[0].rpartition(":")
     t = time.perf_counter()
     for _ in range(n):
         socket.create_connection((host, int(port))).close()
