@@ -25,8 +25,10 @@ def echo(s):
 
 
 def tcp_stream(address: str) -> stream.Stream:
-    host, _, port = address.rpartition(":")
-    return stream._authenticate(stream.Stream(socket.create_connection((host, int(port)))), address)
+    gate, _, service = address.partition("/")
+    host, _, port = gate.rpartition(":")
+    return stream.ask_for(stream._authenticate(stream.Stream(socket.create_connection((host, int(port)))), gate),
+                          service)
 
 
 def round_trips(client: stream.Stream, size: int, seconds: float) -> float:
