@@ -240,7 +240,6 @@ def test_backend_settings_are_typed_as_the_runtime_types_them_and_only_those_giv
     with pytest.raises(ConfigCompositionException):
         compose(["backend.settings.heartbeat_timeout=soon"])
     given = []
-    monkeypatch.setattr(runtime_config, "configure", lambda **settings: given.append(settings))
     monkeypatch.setattr("fiberrl.runtime.configure", lambda **settings: given.append(settings))
     app.configure_backend(compose(["backend=slurm", "+backend.settings.slurm_partition=debug",
                                    "backend.settings.heartbeat_timeout=5"]).backend)
