@@ -37,6 +37,7 @@ from fiberrl.rl.noise import FLOAT_BYTES, NoiseTable, table_path
 from fiberrl.rl.policies import POLICIES, RunningStat, make_policy, run_episode
 from fiberrl.run import DamagedFile, require
 from fiberrl.validation import (
+    Rule,
     UsageError,
     at_least,
     between,
@@ -66,6 +67,12 @@ class ESSettings:
     noise_size: int = 250_000_000     # float32 numbers in the shared noise table (1 GB)
     obstat_prob: float = 0.1          # share of perturbations whose observations update the normaliser
     obs_clip: float = 5.0             # normalised observations are clipped to +-obs_clip
+    optimizer: str = "adam"           # "adam" (OpenAI's ES) or "clipup" (Toklu et al. 2020; evotorch's PGPE)
+    clipup_momentum: float = 0.9      # ClipUp's heavy-ball momentum
+    max_speed: float | None = None    # ClipUp's bound on a step's length (None: 2 * learning_rate, as evotorch)
+    sigma_decay: float = 1.0          # sigma is multiplied by this after each update (estool's OpenES: 0.999)...
+    sigma_min: float = 0.0            # ...down to this (estool: 0.02)
+    episodes_per_eval: int = 1        # episodes each side of a perturbation is scored over (their mean)
 
 
 @dataclass
@@ -93,6 +100,13 @@ SETTINGS_RULES = {
     "noise_size": at_least(1),
     "obstat_prob": between(0, 1),
     "obs_clip": positive(),
+    "optimizer": one_of("adam", "clipup"),
+    "clipup_momentum": between(0, 1, include_high=False).because("a momentum of 1 never forgets"),
+    "max_speed": optional(positive(), "2 * learning_rate"),
+    "sigma_decay": Rule(lambda decay: 0 < decay <= 1, "must be a number in (0, 1] (sigma only shrinks; 1: a fixed "
+                                                       "sigma)"),
+    "sigma_min": non_negative(),
+    "episodes_per_eval": at_least(1),
 }
 RULES = {
     **SETTINGS_RULES,
@@ -165,6 +179,37 @@ class Adam:
         return (-a * self.m / (np.sqrt(self.v) + self.epsilon)).astype(np.float32)
 
 
+class ClipUp:
+    """Toklu et al. 2020, "ClipUp: A Simple and Powerful Optimizer for Distribution-based
+    Policy Evolution": a step of fixed length along the normalised gradient, heavy-ball
+    momentum, and the velocity's length clipped to ``max_speed``."""
+
+    def __init__(self, size: int, step_size: float, momentum: float, max_speed: float):
+        self.step_size, self.momentum, self.max_speed = step_size, momentum, max_speed
+        self.velocity = np.zeros(size, dtype=np.float32)
+
+    def step(self, gradient: np.ndarray) -> np.ndarray:
+        """The change to make to the parameters to descend ``gradient``."""
+        norm = float(np.linalg.norm(gradient))
+        self.velocity = self.momentum * self.velocity
+        if norm > 0:
+            self.velocity += self.step_size * (gradient / norm)
+        speed = float(np.linalg.norm(self.velocity))
+        if speed > self.max_speed:
+            self.velocity *= self.max_speed / speed
+        return (-self.velocity).astype(np.float32)
+
+
+OPTIMIZER_STATE = {"adam": (("adam_m", "adam_v"), ("adam_t",)), "clipup": (("clipup_velocity",), ())}
+
+
+def make_optimizer(config: ESSettings, size: int):
+    if config.optimizer == "clipup":
+        max_speed = config.max_speed if config.max_speed is not None else 2 * config.learning_rate
+        return ClipUp(size, config.learning_rate, config.clipup_momentum, max_speed)
+    return Adam(size, config.learning_rate, config.adam_beta1, config.adam_beta2)
+
+
 def centered_ranks(x: np.ndarray) -> np.ndarray:
     """Ranks scaled to [-0.5, 0.5]; ties broken by position, so the result is deterministic."""
     ranks = np.empty(x.size, dtype=np.float32)
@@ -185,11 +230,12 @@ class ES:
 
     _ROWS_PER_BLOCK = 512  # noise rows gathered at once when summing the update
 
-    def __init__(self, theta: np.ndarray, config: Config, noise: NoiseTable, seed: int, obs_shape=()):
+    def __init__(self, theta: np.ndarray, config: ESSettings, noise: NoiseTable, seed: int, obs_shape=()):
         self.theta = np.array(theta, dtype=np.float32)
         self.config, self.noise = config, noise
         self.rng = np.random.Generator(np.random.PCG64(seed))
-        self.adam = Adam(self.theta.size, config.learning_rate, config.adam_beta1, config.adam_beta2)
+        self.optimizer = make_optimizer(config, self.theta.size)
+        self.sigma = float(config.sigma)  # this iteration's; it decays after each update
         self.obs_stat = RunningStat(obs_shape)
 
     def ask(self) -> Perturbations:
@@ -201,7 +247,7 @@ class ES:
         )
 
     def perturbation(self, noise_index: int) -> np.ndarray:
-        return self.config.sigma * self.noise.get(int(noise_index), self.theta.size)
+        return self.sigma * self.noise.get(int(noise_index), self.theta.size)
 
     def tell(self, asked: Perturbations, returns_pos, returns_neg) -> float:
         """Update theta from the mirrored returns; returns the gradient's norm."""
@@ -217,14 +263,19 @@ class ES:
             rows = np.stack([self.noise.get(int(i), dim) for i in asked.noise_index[start:start + block]])
             gradient += weights[start:start + block] @ rows
         gradient /= returns.size
-        self.theta += self.adam.step(-gradient + self.config.weight_decay * self.theta)
+        self.theta += self.optimizer.step(-gradient + self.config.weight_decay * self.theta)
+        self.sigma = max(self.config.sigma_min, self.sigma * self.config.sigma_decay)
         return float(np.linalg.norm(gradient))
 
     def state(self) -> tuple[dict, dict]:
         """(arrays, JSON-able values) that restore this optimiser exactly."""
-        arrays = dict(theta=self.theta, adam_m=self.adam.m, adam_v=self.adam.v,
-                      obs_sum=self.obs_stat.sum, obs_sumsq=self.obs_stat.sumsq)
-        values = dict(adam_t=self.adam.t, obs_count=self.obs_stat.count, rng=self.rng.bit_generator.state)
+        arrays = dict(theta=self.theta, obs_sum=self.obs_stat.sum, obs_sumsq=self.obs_stat.sumsq)
+        values = dict(obs_count=self.obs_stat.count, rng=self.rng.bit_generator.state, sigma=self.sigma)
+        if isinstance(self.optimizer, Adam):
+            arrays.update(adam_m=self.optimizer.m, adam_v=self.optimizer.v)
+            values.update(adam_t=self.optimizer.t)
+        else:
+            arrays.update(clipup_velocity=self.optimizer.velocity)
         return arrays, values
 
     def restore(self, arrays: dict, values: dict) -> None:
@@ -232,30 +283,36 @@ class ES:
             raise ValueError(f"the checkpoint holds {arrays['theta'].size} parameters, this policy has "
                              f"{self.theta.size}")
         self.theta = arrays["theta"].astype(np.float32)
-        self.adam.m, self.adam.v, self.adam.t = arrays["adam_m"], arrays["adam_v"], int(values["adam_t"])
+        if isinstance(self.optimizer, Adam):
+            self.optimizer.m, self.optimizer.v = arrays["adam_m"], arrays["adam_v"]
+            self.optimizer.t = int(values["adam_t"])
+        else:
+            self.optimizer.velocity = arrays["clipup_velocity"]
+        self.sigma = float(values.get("sigma", self.config.sigma))  # checkpoints from before the schedule
         self.obs_stat.sum, self.obs_stat.sumsq = arrays["obs_sum"], arrays["obs_sumsq"]
         self.obs_stat.count = values["obs_count"]
         self.rng.bit_generator.state = values["rng"]
 
 
-STATE_ARRAYS = ("theta", "adam_m", "adam_v", "obs_sum", "obs_sumsq")
-STATE_VALUES = ("adam_t", "obs_count", "rng")
+STATE_ARRAYS = ("theta", "obs_sum", "obs_sumsq")
+STATE_VALUES = ("obs_count", "rng")
 
 
-def check_state(arrays: dict, values: dict, size: int, obs_shape) -> None:
+def check_state(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam") -> None:
     """Raise DamagedFile unless ``(arrays, values)`` hold an ``ES.state()`` of ``size`` parameters."""
-    require(arrays, values, STATE_ARRAYS, STATE_VALUES)
-    shapes = dict(theta=(size,), adam_m=(size,), adam_v=(size,), obs_sum=tuple(obs_shape),
-                  obs_sumsq=tuple(obs_shape))
+    optimizer_arrays, optimizer_values = OPTIMIZER_STATE[optimizer]
+    require(arrays, values, STATE_ARRAYS + optimizer_arrays, STATE_VALUES + optimizer_values)
+    shapes = dict(theta=(size,), obs_sum=tuple(obs_shape), obs_sumsq=tuple(obs_shape),
+                  **{name: (size,) for name in optimizer_arrays})
     wrong = [f"{name} of shape {arrays[name].shape}, not {shape}" for name, shape in shapes.items()
              if arrays[name].shape != shape]
     if wrong:
         raise DamagedFile(f"it holds {', '.join(wrong)}")
 
 
-def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
+def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam") -> None:
     """Raise DamagedFile unless a checkpoint holds all that ``train`` resumes from."""
-    check_state(arrays, values, size, obs_shape)
+    check_state(arrays, values, size, obs_shape, optimizer)
     require(arrays, values, value_names=("timesteps", "time_s", "best"))
 
 
@@ -299,13 +356,14 @@ class EvaluatorSpec:
     hidden: list
     noise_seed: int
     noise_size: int
-    sigma: float
     obs_clip: float
+    episodes_per_eval: int = 1
 
 
 class PairTask(NamedTuple):
-    """Evaluate theta + eps and theta - eps, eps = sigma * the noise at ``noise_index``,
-    on one episode each reset with ``seed``; theta is the parameters published as ``version``."""
+    """Evaluate theta + eps and theta - eps, eps = sigma * the noise at ``noise_index``, each
+    over ``episodes_per_eval`` episodes reset with ``seed``, ``seed + 1``...; theta and sigma
+    are those published as ``version``."""
     version: int
     noise_index: int
     seed: int
@@ -347,7 +405,7 @@ class Evaluator:
 
     def _load(self, version: int) -> None:
         if version != self.version:
-            self.theta, self.obs_mean, self.obs_std = self.store.fetch(version)
+            self.theta, self.obs_mean, self.obs_std, self.sigma = self.store.fetch(version)
             self.version = version
 
     def __call__(self, task: PairTask | EvalTask) -> PairResult | EvalResult:
@@ -356,23 +414,30 @@ class Evaluator:
         # a result must not depend on which tasks its worker happened to run before
         env = self._make_env()
         try:
-            return self.run(task, env, self.theta, self.obs_mean, self.obs_std)
+            return self.run(task, env, self.theta, self.obs_mean, self.obs_std, self.sigma)
         finally:
             env.close()
 
-    def run(self, task: PairTask | EvalTask, env, theta, obs_mean, obs_std) -> PairResult | EvalResult:
+    def run(self, task: PairTask | EvalTask, env, theta, obs_mean, obs_std, sigma) -> PairResult | EvalResult:
         """``task``'s episodes on ``env`` around ``theta``, observations normalised with ``obs_mean``/``obs_std``."""
-        args = (env, self.policy, obs_mean, obs_std, self.spec.obs_clip, task.seed)
+        def episode(seed: int, record: bool = False):
+            return run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed, record)
+
         if isinstance(task, EvalTask):
             self.policy.set_params(theta)
-            reward, steps, _ = run_episode(*args, False)
+            reward, steps, _ = episode(task.seed)
             return EvalResult(reward, steps)
-        eps = self.spec.sigma * self.noise.get(task.noise_index, theta.size)
+        eps = sigma * self.noise.get(task.noise_index, theta.size)
+        seeds = range(task.seed, task.seed + self.spec.episodes_per_eval)
         self.policy.set_params(theta + eps)
-        r_pos, n_pos, sums = run_episode(*args, task.record_obs)
+        positive = [episode(seed, task.record_obs) for seed in seeds]
         self.policy.set_params(theta - eps)
-        r_neg, n_neg, _ = run_episode(*args, False)
-        return PairResult(r_pos, r_neg, n_pos + n_neg, sums)
+        negative = [episode(seed) for seed in seeds]
+        sums = None
+        if task.record_obs:  # every +eps episode's observations
+            sums = [sum(s[k] for _, _, s in positive) for k in range(3)]
+        return PairResult(float(np.mean([r for r, _, _ in positive])), float(np.mean([r for r, _, _ in negative])),
+                          sum(n for _, n, _ in positive + negative), sums)
 
 
 _evaluator: Evaluator | None = None
@@ -412,7 +477,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
 
     start, timesteps, elapsed, best = 0, 0, 0.0, -np.inf
     checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
-                                                                    es.obs_stat.sum.shape))
+                                                                    es.obs_stat.sum.shape, algo.optimizer))
     if checkpoint is not None:
         arrays, values = checkpoint
         es.restore(arrays, values)
@@ -420,7 +485,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
 
     spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), algo.episode_steps or cfg.env.max_episode_steps,
-                         algo.policy, list(algo.hidden), cfg.seed, algo.noise_size, algo.sigma, algo.obs_clip)
+                         algo.policy, list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip,
+                         algo.episodes_per_eval)
     summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
     server = ParamServer()
     server.start()
@@ -433,7 +499,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
             t0 = time.perf_counter()
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
-            store.publish(iteration, (es.theta, es.obs_stat.mean, es.obs_stat.std))
+            store.publish(iteration, (es.theta, es.obs_stat.mean, es.obs_stat.std, es.sigma))
             tasks = [PairTask(iteration, int(i), int(s), bool(r))
                      for i, s, r in zip(asked.noise_index, asked.env_seed, asked.record_obs, strict=True)]
             tasks += [EvalTask(iteration, int(s)) for s in eval_seeds]

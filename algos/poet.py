@@ -289,7 +289,7 @@ class Master:
     def publish(self, agents: dict) -> int:
         """Make ``agents`` (key -> ES) readable by the workers; returns their version."""
         self.version += 1
-        self.store.publish(self.version, {key: (es.theta.copy(), es.obs_stat.mean, es.obs_stat.std)
+        self.store.publish(self.version, {key: (es.theta.copy(), es.obs_stat.mean, es.obs_stat.std, es.sigma)
                                           for key, es in agents.items()})
         return self.version
 
@@ -444,7 +444,7 @@ PAIR_KEYS = ("id", "encoding", "created", "parent", "score", "es")
 ARCHIVE_KEYS = ("id", "encoding", "created", "solved_at")
 
 
-def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
+def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam") -> None:
     """Raise DamagedFile unless a checkpoint holds all that ``unpack`` and ``train`` read from it,
     for agents of ``size`` parameters."""
     require(arrays, values, value_names=("pairs", "archive", "rng", "version", "timesteps", "busy_s", "pool_s",
@@ -454,7 +454,7 @@ def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape) -> None:
         if missing:
             raise DamagedFile(f"a pair without {', '.join(missing)} in it")
         try:
-            check_state(pair_arrays(arrays, meta["id"]), meta["es"], size, obs_shape)
+            check_state(pair_arrays(arrays, meta["id"]), meta["es"], size, obs_shape, optimizer)
         except DamagedFile as exc:
             raise DamagedFile(f"pair {meta['id']}: {exc}") from None
         TerrainEncoding.from_dict(meta["encoding"])
@@ -513,7 +513,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     pairs, archive, next_id, start, elapsed = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, 0, 0.0
 
     spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.es.policy,
-                         list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.sigma, algo.es.obs_clip)
+                         list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.obs_clip,
+                         algo.es.episodes_per_eval)
     server = ParamServer()
     server.start()
     pool = None
@@ -522,7 +523,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         master = Master(pool, store, algo, rng)
         checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, first.es.theta.size,
-                                                                        obs_shape))
+                                                                        obs_shape, algo.es.optimizer))
         if checkpoint is not None:
             arrays, values = checkpoint
             pairs, archive = unpack(arrays, values, master, algo, noise, obs_shape)

@@ -299,9 +299,9 @@ def mp_peer(workers: int, population: int, cost: float, iterations: int, noise_s
     env = FixedCostEnv(cost)
     policy = make_policy(algo.policy, env.observation_space, env.action_space, algo.hidden)
     rng = np.random.Generator(np.random.PCG64(0))
-    params = (policy.initial_params(rng), np.zeros(OBS_SIZE, np.float32), np.ones(OBS_SIZE, np.float32))
+    params = (policy.initial_params(rng), np.zeros(OBS_SIZE, np.float32), np.ones(OBS_SIZE, np.float32), algo.sigma)
     spec = EvaluatorSpec(ENV_NAME, {"cost": cost}, None, algo.policy, list(algo.hidden), 0, noise_size,
-                         algo.sigma, algo.obs_clip)
+                         algo.obs_clip)
     noise = NoiseTable(0, noise_size)  # made once here, not by the first worker to need it
     sleep_task = functools.partial(sleep_pair, cost=cost)
     start = time.perf_counter()

@@ -22,7 +22,10 @@ LOCAL_WORKER_BYTES = 16 << 20
 
 # settings newer than some checkpoints, with their defaults: at its default a setting leaves those
 # checkpoints' fingerprint as it was
-NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init"): 0.0}
+NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init"): 0.0, ("algo", "optimizer"): "adam",
+                               ("algo", "clipup_momentum"): 0.9, ("algo", "max_speed"): None,
+                               ("algo", "sigma_decay"): 1.0, ("algo", "sigma_min"): 0.0,
+                               ("algo", "episodes_per_eval"): 1}
 
 
 def fingerprint(cfg) -> dict:

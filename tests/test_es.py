@@ -179,6 +179,55 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
             == [{k: v for k, v in m.items() if k not in strip} for m in _metrics(tmp_path / "parts")])
 
 
+def test_clipup_steps_along_the_normalised_gradient_with_momentum_up_to_its_speed_limit():
+    from algos.es import ClipUp
+    clipup = ClipUp(3, step_size=0.1, momentum=0.5, max_speed=0.12)
+    gradient = np.array([30.0, 0.0, -40.0], np.float32)  # length 50: only its direction counts
+    np.testing.assert_allclose(clipup.step(gradient), [-0.06, 0.0, 0.08], rtol=1e-6)  # 0.1 down the gradient
+    second = clipup.step(gradient)  # 0.5 * 0.1 + 0.1 = 0.15, over the limit
+    np.testing.assert_allclose(second, [-0.072, 0.0, 0.096], rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(clipup.step(gradient)), 0.12, rtol=1e-6)
+    coasting = clipup.step(np.zeros(3, np.float32))  # no gradient: momentum alone
+    np.testing.assert_allclose(np.linalg.norm(coasting), 0.06, rtol=1e-6)
+
+
+def test_sigma_decays_after_each_update_down_to_its_floor():
+    noise = NoiseTable(seed=11, size=100_000)
+    try:
+        es = ES(np.zeros(5, np.float32), Config(population=4, sigma=0.1, sigma_decay=0.5, sigma_min=0.03), noise,
+                seed=0)
+        sigmas = []
+        for _ in range(4):
+            asked = es.ask()
+            np.testing.assert_allclose(es.perturbation(asked.noise_index[0]),
+                                       es.sigma * noise.get(int(asked.noise_index[0]), 5))
+            sigmas.append(es.sigma)
+            es.tell(asked, np.arange(4.0), np.zeros(4))
+        assert sigmas == [0.1, 0.05, 0.03, 0.03]
+        arrays, values = es.state()
+        del values["sigma"]  # a checkpoint made before sigma could change starts from algo.sigma
+        again = ES(np.zeros(5, np.float32), es.config, noise, seed=0)
+        again.restore(arrays, values)
+        assert again.sigma == 0.1
+    finally:
+        noise.unlink()
+
+
+def test_clipup_sigma_schedule_and_averaged_episodes_run_on_workers_and_resume_exactly(tmp_path):
+    settings = ["workers=2", "algo.checkpoint_every=2", "seed=3", "algo.optimizer=clipup", "algo.learning_rate=0.05",
+                "algo.sigma=0.1", "algo.sigma_decay=0.9", "algo.sigma_min=0.05", "algo.episodes_per_eval=2"]
+    whole = _train(tmp_path, "whole", ["algo.iterations=4", *settings])
+    _train(tmp_path, "parts", ["algo.iterations=2", *settings])
+    resumed = _train(tmp_path, "parts", ["algo.iterations=4", f"resume={tmp_path / 'parts'}", *settings])
+    assert np.array_equal(whole["theta"], resumed["theta"])
+    metrics = _metrics(tmp_path / "whole")
+    # two episodes a side: CartPole pays 1 a step, so a pair's steps are 4 x its mean return at least
+    assert all(m["timesteps"] > 0 for m in metrics) and len(metrics) == 4
+    one_episode = _train(tmp_path, "single", ["algo.iterations=1", *settings[:-1]])
+    two_episodes = _train(tmp_path, "double", ["algo.iterations=1", *settings])
+    assert two_episodes["timesteps"] > 1.5 * one_episode["timesteps"]
+
+
 def test_torch_policy_runs(tmp_path):
     summary = _train(tmp_path, "torch", ["workers=1", "algo.policy=torch_mlp", "algo.iterations=2"])
     assert summary["iterations"] == 2 and summary["theta"].dtype == np.float32
