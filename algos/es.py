@@ -80,7 +80,9 @@ class Config(ESSettings):
     """The hyperparameters of ES (``ESSettings`` and the loop's); also the Hydra schema of ``algo=es``."""
     name: str = "es"
     iterations: int = 200             # ES updates to run (a resumed run continues up to this)
-    episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)
+    episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)...
+    episode_steps_growth: float = 1.0  # ...or, above 1, the training episodes' starting cap (OpenAI's adaptive
+    episode_steps_grow_at: float = 0.5  # cutoff): x growth whenever this share of them reach it
     eval_episodes: int = 5            # episodes of the unperturbed policy per iteration, for eval_reward
     checkpoint_every: int = 10        # iterations between checkpoints
     stop_reward: float | None = None  # stop once eval_reward reaches this
@@ -113,6 +115,8 @@ RULES = {
     "name": one_of("es").because("algo=<name> chooses the algorithm"),
     "iterations": at_least(1),
     "episode_steps": optional(at_least(1), "the env's own limit"),
+    "episode_steps_growth": Rule(lambda growth: growth >= 1, "must be a number >= 1 (1: a fixed cap)"),
+    "episode_steps_grow_at": Rule(lambda share: 0 < share <= 1, "must be a number in (0, 1]"),
     "eval_episodes": at_least(0).because("0: no eval_reward"),
     "checkpoint_every": at_least(1),
     "stop_reward": optional(finite(), "no early stop"),
@@ -127,6 +131,9 @@ def check_settings(cfg) -> None:
     if algo.stop_reward is not None and algo.eval_episodes == 0:
         raise UsageError(f"algo.stop_reward={algo.stop_reward} is compared with the eval reward, which "
                          f"algo.eval_episodes=0 never measures; set algo.eval_episodes >= 1")
+    if algo.episode_steps_growth > 1 and algo.episode_steps is None:
+        raise UsageError(f"algo.episode_steps_growth={algo.episode_steps_growth} grows the cap algo.episode_steps "
+                         f"sets, which is unset; set algo.episode_steps to the starting cap")
     try:
         env = make_env(cfg.env.id, dict(cfg.env.kwargs), cfg.env.max_episode_steps)
     except TypeError as exc:  # gymnasium's message names the env and the argument it does not take
@@ -310,10 +317,11 @@ def check_state(arrays: dict, values: dict, size: int, obs_shape, optimizer: str
         raise DamagedFile(f"it holds {', '.join(wrong)}")
 
 
-def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam") -> None:
+def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam",
+                     adaptive_cap: bool = False) -> None:
     """Raise DamagedFile unless a checkpoint holds all that ``train`` resumes from."""
     check_state(arrays, values, size, obs_shape, optimizer)
-    require(arrays, values, value_names=("timesteps", "time_s", "best"))
+    require(arrays, values, value_names=("timesteps", "time_s", "best") + (("episode_cap",) if adaptive_cap else ()))
 
 
 # --- the workers' side --------------------------------------------------------
@@ -362,12 +370,13 @@ class EvaluatorSpec:
 
 class PairTask(NamedTuple):
     """Evaluate theta + eps and theta - eps, eps = sigma * the noise at ``noise_index``, each
-    over ``episodes_per_eval`` episodes reset with ``seed``, ``seed + 1``...; theta and sigma
-    are those published as ``version``."""
+    over ``episodes_per_eval`` episodes reset with ``seed``, ``seed + 1``... and cut at
+    ``max_steps``; theta and sigma are those published as ``version``."""
     version: int
     noise_index: int
     seed: int
-    record_obs: bool  # send back the +eps episode's observation sums
+    record_obs: bool               # send back the +eps episode's observation sums
+    max_steps: int | None = None   # this iteration's adaptive cap (None: the spec's env_steps)
 
 
 class EvalTask(NamedTuple):
@@ -381,6 +390,7 @@ class PairResult(NamedTuple):
     return_neg: float
     steps: int                 # of both episodes
     obs_sums: tuple | None     # (sum, sum of squares, count) of the +eps episode's observations, when asked
+    at_cap: int = 0            # episodes that ran to the task's max_steps
 
 
 class EvalResult(NamedTuple):
@@ -420,8 +430,9 @@ class Evaluator:
 
     def run(self, task: PairTask | EvalTask, env, theta, obs_mean, obs_std, sigma) -> PairResult | EvalResult:
         """``task``'s episodes on ``env`` around ``theta``, observations normalised with ``obs_mean``/``obs_std``."""
-        def episode(seed: int, record: bool = False):
-            return run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed, record)
+        def episode(seed: int, record: bool = False, max_steps: int | None = None):
+            return run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed, record,
+                               max_steps=max_steps)
 
         if isinstance(task, EvalTask):
             self.policy.set_params(theta)
@@ -430,14 +441,15 @@ class Evaluator:
         eps = sigma * self.noise.get(task.noise_index, theta.size)
         seeds = range(task.seed, task.seed + self.spec.episodes_per_eval)
         self.policy.set_params(theta + eps)
-        positive = [episode(seed, task.record_obs) for seed in seeds]
+        positive = [episode(seed, task.record_obs, task.max_steps) for seed in seeds]
         self.policy.set_params(theta - eps)
-        negative = [episode(seed) for seed in seeds]
+        negative = [episode(seed, max_steps=task.max_steps) for seed in seeds]
         sums = None
         if task.record_obs:  # every +eps episode's observations
             sums = [sum(s[k] for _, _, s in positive) for k in range(3)]
+        lengths = [n for _, n, _ in positive + negative]
         return PairResult(float(np.mean([r for r, _, _ in positive])), float(np.mean([r for r, _, _ in negative])),
-                          sum(n for _, n, _ in positive + negative), sums)
+                          sum(lengths), sums, sum(n == task.max_steps for n in lengths))
 
 
 _evaluator: Evaluator | None = None
@@ -453,6 +465,14 @@ def evaluate(task):
 
 
 # --- the training loop ----------------------------------------------------------
+
+def eval_episode_steps(algo, env_cfg) -> int | None:
+    """The cap on an unperturbed policy's episodes: algo.episode_steps when it is fixed; with an
+    adaptive cap, the env's own limit (as OpenAI's ES, whose eval episodes ignore the cutoff)."""
+    if algo.get("episode_steps_growth", 1.0) > 1:
+        return env_cfg.get("max_episode_steps")
+    return algo.get("episode_steps") or env_cfg.get("max_episode_steps")
+
 
 def train(cfg, run, on_iteration=None) -> dict:
     """Run ES as ``cfg`` (the composed app config) says, writing into ``run``
@@ -473,20 +493,24 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     policy = make_policy(algo.policy, env.observation_space, env.action_space, list(algo.hidden))
     init_rng = np.random.Generator(np.random.PCG64([cfg.seed, 1]))
     es = ES(policy.initial_params(init_rng), algo, noise, seed=cfg.seed, obs_shape=env.observation_space.shape)
+    env_limit = env.spec.max_episode_steps
     env.close()
+    adaptive = algo.episode_steps_growth > 1
+    episode_cap = algo.episode_steps if adaptive else None
 
     start, timesteps, elapsed, best = 0, 0, 0.0, -np.inf
     checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
-                                                                    es.obs_stat.sum.shape, algo.optimizer))
+                                                                    es.obs_stat.sum.shape, algo.optimizer, adaptive))
     if checkpoint is not None:
         arrays, values = checkpoint
         es.restore(arrays, values)
         start, timesteps, elapsed, best = values["iteration"] + 1, values["timesteps"], values["time_s"], values["best"]
+        if adaptive:
+            episode_cap = int(values["episode_cap"])
         run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
 
-    spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), algo.episode_steps or cfg.env.max_episode_steps,
-                         algo.policy, list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip,
-                         algo.episodes_per_eval)
+    spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), eval_episode_steps(algo, cfg.env), algo.policy,
+                         list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval)
     summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
     server = ParamServer()
     server.start()
@@ -500,7 +524,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
             store.publish(iteration, (es.theta, es.obs_stat.mean, es.obs_stat.std, es.sigma))
-            tasks = [PairTask(iteration, int(i), int(s), bool(r))
+            tasks = [PairTask(iteration, int(i), int(s), bool(r), episode_cap)
                      for i, s, r in zip(asked.noise_index, asked.env_seed, asked.record_obs, strict=True)]
             tasks += [EvalTask(iteration, int(s)) for s in eval_seeds]
             t_master = time.perf_counter() - t0
@@ -516,6 +540,11 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                     es.obs_stat.increment(*pair.obs_sums)
             evaluated = dict(theta=es.theta.copy(), obs_mean=es.obs_stat.mean, obs_std=es.obs_stat.std)
             grad_norm = es.tell(asked, returns_pos, returns_neg)
+            capped_share = sum(r.at_cap for r in pairs) / (2 * algo.population * algo.episodes_per_eval)
+            cap_used = episode_cap
+            if adaptive and capped_share >= algo.episode_steps_grow_at:
+                grown = max(episode_cap + 1, int(episode_cap * algo.episode_steps_growth))
+                episode_cap = grown if env_limit is None else min(grown, env_limit)
             t_master += time.perf_counter() - t1
 
             timesteps += int(sum(r.steps for r in pairs))
@@ -525,7 +554,9 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                            reward_max=float(both.max()), reward_min=float(both.min()), eval_reward=eval_reward,
                            time_s=time.perf_counter() - began, iteration_s=time.perf_counter() - t0,
                            master_s=t_master, grad_norm=grad_norm, theta_norm=float(np.linalg.norm(es.theta)),
-                           episodes=2 * algo.population)
+                           episodes=2 * algo.population * algo.episodes_per_eval)
+            if adaptive:
+                metrics.update(episode_cap=cap_used, at_cap_share=capped_share)
             if eval_reward is not None and eval_reward > best:
                 best = eval_reward
                 run.save_best(evaluated, dict(iteration=iteration, eval_reward=eval_reward, policy=algo.policy,
@@ -534,7 +565,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
             solved = algo.stop_reward is not None and eval_reward is not None and eval_reward >= algo.stop_reward
             if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved:
                 arrays, values = es.state()
-                values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best)
+                values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best,
+                              episode_cap=episode_cap)
                 run.save_checkpoint(iteration, arrays, values)
             summary.update(iterations=iteration + 1, timesteps=timesteps, eval_reward=eval_reward,
                            best_eval_reward=best)
@@ -569,8 +601,7 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
     algo, env_cfg = config["algo"], config["env"]
     # best_policy.npz records the policy it was saved with; a checkpoint relies on the config
     obs_clip = float(values.get("obs_clip", algo.get("obs_clip", 5.0)))
-    env = make_env(env_cfg["id"], dict(env_cfg.get("kwargs") or {}),
-                   algo.get("episode_steps") or env_cfg.get("max_episode_steps"))
+    env = make_env(env_cfg["id"], dict(env_cfg.get("kwargs") or {}), eval_episode_steps(algo, env_cfg))
     try:
         policy = make_policy(values.get("policy", algo.get("policy", "mlp")), env.observation_space,
                              env.action_space, values.get("hidden", algo.get("hidden", [64, 64])))

@@ -25,7 +25,8 @@ LOCAL_WORKER_BYTES = 16 << 20
 NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init"): 0.0, ("algo", "optimizer"): "adam",
                                ("algo", "clipup_momentum"): 0.9, ("algo", "max_speed"): None,
                                ("algo", "sigma_decay"): 1.0, ("algo", "sigma_min"): 0.0,
-                               ("algo", "episodes_per_eval"): 1}
+                               ("algo", "episodes_per_eval"): 1, ("algo", "episode_steps_growth"): 1.0,
+                               ("algo", "episode_steps_grow_at"): 0.5}
 
 
 def fingerprint(cfg) -> dict:

@@ -228,6 +228,36 @@ def test_clipup_sigma_schedule_and_averaged_episodes_run_on_workers_and_resume_e
     assert two_episodes["timesteps"] > 1.5 * one_episode["timesteps"]
 
 
+def test_adaptive_episode_cap_grows_when_enough_episodes_reach_it_and_resumes_exactly(tmp_path):
+    settings = ["workers=2", "algo.checkpoint_every=2", "seed=4", "algo.episode_steps=8",
+                "algo.episode_steps_growth=2", "algo.episode_steps_grow_at=0.5"]
+    whole = _train(tmp_path, "whole", ["algo.iterations=5", *settings])
+    metrics = _metrics(tmp_path / "whole")
+    caps = [m["episode_cap"] for m in metrics]
+    assert caps[0] == 8 and caps[-1] > 8  # CartPole's first policies last ~10-40 steps: the cap of 8 must grow
+    for before, after in zip(metrics, metrics[1:], strict=False):
+        grown = min(2 * before["episode_cap"], 500) if before["at_cap_share"] >= 0.5 else before["episode_cap"]
+        assert after["episode_cap"] == grown
+    steps = np.diff([0] + [m["timesteps"] for m in metrics])
+    assert all(n <= 2 * 24 * m["episode_cap"] for n, m in zip(steps, metrics, strict=True))  # no episode ran past
+
+    _train(tmp_path, "parts", ["algo.iterations=3", *settings])
+    resumed = _train(tmp_path, "parts", ["algo.iterations=5", f"resume={tmp_path / 'parts'}", *settings])
+    assert np.array_equal(whole["theta"], resumed["theta"])
+    assert [m["episode_cap"] for m in _metrics(tmp_path / "parts")] == caps
+
+
+def test_an_adaptive_cap_needs_a_starting_cap_and_leaves_the_eval_episodes_to_the_env_limit(tmp_path):
+    from algos.es import eval_episode_steps
+    from fiberrl.validation import UsageError
+    with pytest.raises(UsageError, match="algo.episode_steps_growth=2.0 grows the cap algo.episode_steps sets"):
+        _train(tmp_path, "no_cap", ["algo.episode_steps_growth=2"])
+    cfg = compose(["env=bipedal_walker", "algo.episode_steps=100", "algo.episode_steps_growth=1.5"])
+    assert eval_episode_steps(cfg.algo, cfg.env) == cfg.env.max_episode_steps
+    fixed = compose(["env=bipedal_walker", "algo.episode_steps=100"])
+    assert eval_episode_steps(fixed.algo, fixed.env) == 100
+
+
 def test_torch_policy_runs(tmp_path):
     summary = _train(tmp_path, "torch", ["workers=1", "algo.policy=torch_mlp", "algo.iterations=2"])
     assert summary["iterations"] == 2 and summary["theta"].dtype == np.float32

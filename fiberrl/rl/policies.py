@@ -164,11 +164,13 @@ def make_policy(kind: str, observation_space: gym.Space, action_space: gym.Space
     return POLICIES[kind](int(np.prod(observation_space.shape)), action_space, tuple(hidden))
 
 
-def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, record: bool = False, on_step=None):
+def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, record: bool = False, on_step=None,
+                max_steps: int | None = None):
     """One episode of ``policy`` on observations normalised by ``obs_mean``/``obs_std``
-    and clipped to +-``obs_clip``.  Returns (return, steps, observation sums):
-    the sums, count included, only when ``record``, for a running normaliser.
-    ``on_step()`` is called after the reset and after every step (to render)."""
+    and clipped to +-``obs_clip``, cut after ``max_steps`` steps when given.  Returns
+    (return, steps, observation sums): the sums, count included, only when ``record``,
+    for a running normaliser.  ``on_step()`` is called after the reset and after every
+    step (to render)."""
     obs, _ = env.reset(seed=int(seed))
     if on_step is not None:
         on_step()
@@ -184,7 +186,7 @@ def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, reco
         obs, reward, terminated, truncated, _ = env.step(action)
         total += float(reward)
         steps += 1
-        done = terminated or truncated
+        done = terminated or truncated or steps == max_steps
         if on_step is not None:
             on_step()
     return total, steps, sums
