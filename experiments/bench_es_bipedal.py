@@ -1,17 +1,19 @@
 """BipedalWalker-v3 learning for a budget of environment steps: fiberrl's ES
-(algos/es.py, OpenAI's ES) against the peer, evotorch's PGPE set up as OpenAI's
-ES, with the same number of workers (pool workers / ray actors) and seeds.
+(algos/es.py, OpenAI's ES, with the options of ``+experiment=es_bipedal_walker``)
+against the peer, evotorch's PGPE with ClipUp, with the same number of workers
+(pool workers / ray actors) and seeds.
 
-The peer: evotorch.algorithms.PGPE with symmetric (mirrored) sampling, centered
-ranks, a fixed standard deviation (stdev_learning_rate=0, stdev_init=sigma)
-and Adam on the center (center_learning_rate=learning rate): that is OpenAI's
-ES.  It evaluates on evotorch.neuroevolution.GymNE with online observation
-normalisation, one episode per solution, and the same tanh MLP (tanh on the
-outputs too, which is what fiberrl's policy does for BipedalWalker's [-1, 1]
-actions).  evotorch's popsize counts solutions, so it is twice fiberrl's
-population (which counts mirrored pairs).  Differences that remain: evotorch
-initialises the parameters near zero and has no weight decay; fiberrl clips
-normalised observations to +-5.
+The peer (--peer pgpe-clipup, the default): evotorch.algorithms.PGPE as
+evotorch's own examples/scripts/rl_clipup.py sets it up: ClipUp with max speed
+0.15, a step of 0.75 x that, momentum 0.9, an initial search radius of 15 x the
+max speed, the standard deviation learnt at 0.1 with at most 20% change per
+step, symmetric sampling, centered ranks; on evotorch.neuroevolution.GymNE with
+online observation normalisation, one episode per solution, and the same tanh
+MLP as fiberrl's (tanh on the outputs too, for BipedalWalker's [-1, 1]
+actions).  --peer openai-es instead sets PGPE up as OpenAI's ES (a fixed
+standard deviation of fiberrl's sigma, Adam at fiberrl's learning rate).
+evotorch's popsize counts solutions, so it is twice fiberrl's population
+(which counts mirrored pairs) unless --peer-popsize says otherwise.
 
 Both stop at the first iteration that reaches --steps environment steps; the
 steps are each framework's own count of the training episodes' steps (fiberrl's
@@ -20,14 +22,17 @@ counts the eval episodes.  Each iteration both also evaluate the unperturbed
 policy over --eval-episodes episodes (eval_reward): fiberrl in its pool with the
 perturbations, evotorch in its main process (GymNE.run), whose time is
 reported separately, and left out of its steps/s (which favours the peer).
+A fiberrl seed whose run directory holds checkpoints resumes from them (run
+the same command again after an interruption); an evotorch seed that has a
+metrics file is kept and not run again.
 
 Per seed: final and best eval reward, env steps, wall time, env steps per
 second; a table of both frameworks, the ratio of their env steps/s, and one
 PNG with eval reward against env steps and against wall time (every seed).
 
-    python experiments/bench_es_bipedal.py                                   # full run
-    python experiments/bench_es_bipedal.py --steps 20000 --seeds 0           # smoke test
-    python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python
+    python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
+    python experiments/bench_es_bipedal.py --steps 20000 --seeds 0                   # smoke test
+    python experiments/bench_es_bipedal.py --no-peer --set algo.sigma=0.05           # a variant of the preset
 
 The peer runs in a subprocess of --peer-python (default: this interpreter),
 one per seed; when that interpreter cannot import evotorch, the peer is
@@ -36,16 +41,16 @@ skipped with the reason.  To make such an interpreter:
     /tmp/venv-evo/bin/pip install -c constraints.txt -e . evotorch
 
 Flags:
-    --steps N          environment steps per seed (default 3,000,000)
+    --steps N          environment steps per seed (default 50,000,000)
     --seeds LIST       seeds (default 0,1,2)
     --workers N        pool workers / ray actors (default 2)
-    --population N     mirrored pairs per iteration (default 32; evotorch popsize 2N)
-    --sigma S          noise standard deviation (default 0.02)
-    --learning-rate L  Adam step size (default 0.01)
-    --episode-steps N  cap on a training episode's steps (default: the env's 1600)
+    --preset NAME      fiberrl's settings: configs/experiment/NAME.yaml (default es_bipedal_walker)
+    --set KEY=VALUE    a Hydra override on top of the preset (repeatable)
     --eval-episodes N  episodes of the unperturbed policy per iteration (default 5)
-    --hidden LIST      hidden layer sizes (default 64,64)
     --noise-size N     floats in fiberrl's noise table (default 50,000,000: 200 MB)
+    --peer NAME        pgpe-clipup (default) or openai-es
+    --peer-popsize N   evotorch's solutions per iteration (default: 2 x fiberrl's population)
+    --peer-max-speed S ClipUp's max speed for the peer (default 0.15)
     --peer-python PATH interpreter for the evotorch peer (default: this one)
     --no-peer          run fiberrl only
     --peer-only DIR    run only the peer, into the results folder DIR (which may hold fiberrl's runs)
@@ -89,17 +94,23 @@ class BudgetReached(Exception):
     pass
 
 
+def fiberrl_overrides(args, seed: int) -> list[str]:
+    return [f"+experiment={args.preset}", f"workers={args.workers}", f"seed={seed}", "tensorboard=false",
+            "algo.iterations=1000000", f"algo.eval_episodes={args.eval_episodes}",
+            f"algo.noise_size={args.noise_size}", *args.set]
+
+
 def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
     from fiberrl.app import run
     from fiberrl.config import compose
 
-    overrides = ["algo=es", "env=bipedal_walker", f"workers={args.workers}", f"seed={seed}", "tensorboard=false",
-                 "algo.iterations=1000000", "algo.checkpoint_every=1000000",
-                 f"algo.population={args.population}", f"algo.sigma={args.sigma}",
-                 f"algo.learning_rate={args.learning_rate}", f"algo.eval_episodes={args.eval_episodes}",
-                 f"algo.hidden=[{','.join(map(str, args.hidden))}]", f"algo.noise_size={args.noise_size}"]
-    if args.episode_steps is not None:
-        overrides.append(f"algo.episode_steps={args.episode_steps}")
+    overrides = fiberrl_overrides(args, seed)
+    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.npz")):
+        overrides.append(f"resume={run_dir}")
+        metrics = read_metrics(run_dir)
+        if metrics and metrics[-1]["timesteps"] >= args.steps:
+            print(f"seed {seed} already ran its {args.steps:,} steps in {run_dir}", flush=True)
+            return
     cfg = compose(overrides)
 
     def stop_at_budget(iteration, pool):
@@ -139,9 +150,17 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
              logging_level="warning")
     run_dir.mkdir(parents=True, exist_ok=True)
     network = network_string(args.hidden)
-    settings = dict(algo=dict(name="evotorch-pgpe", popsize=2 * args.population, symmetric=True,
-                              ranking_method="centered", optimizer="adam", center_learning_rate=args.learning_rate,
-                              stdev_init=args.sigma, stdev_learning_rate=0.0, network=network,
+    if args.peer == "pgpe-clipup":  # evotorch's examples/scripts/rl_clipup.py
+        searcher_settings = dict(popsize=args.peer_popsize, optimizer="clipup",
+                                 optimizer_config=dict(max_speed=args.peer_max_speed, momentum=0.9),
+                                 center_learning_rate=0.75 * args.peer_max_speed, stdev_learning_rate=0.1,
+                                 stdev_max_change=0.2, radius_init=15 * args.peer_max_speed,
+                                 ranking_method="centered", symmetric=True)
+    else:  # OpenAI's ES: a fixed standard deviation, Adam
+        searcher_settings = dict(popsize=args.peer_popsize, optimizer="adam", center_learning_rate=args.learning_rate,
+                                 stdev_learning_rate=0.0, stdev_init=args.sigma, ranking_method="centered",
+                                 symmetric=True)
+    settings = dict(algo=dict(name=f"evotorch-{args.peer}", **searcher_settings, network=network,
                               observation_normalization=True, episode_length=args.episode_steps,
                               eval_episodes=args.eval_episodes),
                     env=dict(name="bipedal_walker", id=ENV_ID), seed=seed, workers=args.workers)
@@ -151,9 +170,7 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                     episode_length=args.episode_steps, num_actors=args.workers)
     # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
     # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
-    searcher = PGPE(problem, popsize=2 * args.population, center_learning_rate=args.learning_rate,
-                    stdev_learning_rate=0.0, stdev_init=args.sigma, optimizer="adam", ranking_method="centered",
-                    symmetric=True)
+    searcher = PGPE(problem, **searcher_settings)
     train_s, began, iteration, timesteps = 0.0, time.perf_counter(), 0, 0
     with open(run_dir / "metrics.jsonl", "w") as log:
         while timesteps < args.steps:
@@ -182,7 +199,8 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
 def peer_seed(args, seed: int, out: Path) -> bool:
     command = [args.peer_python, str(Path(__file__).resolve()), "--peer-child", "--seeds", str(seed),
                "--out", str(out), "--steps", str(args.steps), "--workers", str(args.workers),
-               "--population", str(args.population), "--sigma", str(args.sigma),
+               "--peer", args.peer, "--peer-popsize", str(args.peer_popsize),
+               "--peer-max-speed", str(args.peer_max_speed), "--sigma", str(args.sigma),
                "--learning-rate", str(args.learning_rate), "--eval-episodes", str(args.eval_episodes),
                "--hidden", ",".join(map(str, args.hidden))]
     if args.episode_steps is not None:
@@ -215,8 +233,9 @@ def fmt(value, spec):
 
 
 def report(rows: list[dict], out: Path, args) -> None:
-    print(f"\nBipedalWalker-v3, {args.steps:,} env steps per seed, {args.workers} workers, population "
-          f"{args.population} pairs")
+    print(f"\nBipedalWalker-v3, {args.steps:,} env steps per seed, {args.workers} workers; fiberrl: "
+          f"+experiment={args.preset} {' '.join(args.set)} (population {args.population} pairs); evotorch: "
+          f"{args.peer}, popsize {args.peer_popsize}")
     print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} {'env steps':>11} "
           f"{'wall s':>8} {'steps/s':>8} {'steps/s w/o eval':>17}")
     for r in rows:
@@ -244,7 +263,7 @@ def report(rows: list[dict], out: Path, args) -> None:
                                                            for k, v in vars(args).items()}, rows=rows), indent=1))
 
 
-def draw(rows: list[dict], path: Path) -> None:
+def draw(rows: list[dict], path: Path, args) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -257,7 +276,7 @@ def draw(rows: list[dict], path: Path) -> None:
         label = None
         if r["framework"] not in labelled:
             labelled.add(r["framework"])
-            label = {"fiberrl": "fiberrl ES", "evotorch": "evotorch PGPE (OpenAI-ES settings)"}[r["framework"]]
+            label = {"fiberrl": "fiberrl ES", "evotorch": f"evotorch PGPE ({args.peer})"}[r["framework"]]
         wall = "time_s" if r["framework"] == "fiberrl" else "wall_s"
         for ax, x_key in zip(axes, ("timesteps", wall), strict=True):
             ax.plot([m[x_key] for m in metrics], [m["eval_reward"] for m in metrics], color=colors[r["framework"]],
@@ -275,19 +294,42 @@ def draw(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def share_fiberrl_settings(args, parser) -> None:
+    """The preset's settings that the peer takes too (its network, its episode cap; for
+    openai-es its sigma and step size), and its popsize."""
+    from fiberrl.config import compose
+    try:
+        algo = compose(fiberrl_overrides(args, args.seeds[0])).algo
+    except Exception as exc:  # a preset that does not exist, a --set Hydra refuses
+        parser.error(f"--preset {args.preset} {' '.join(args.set)}: {str(exc).splitlines()[0]}")
+    if algo.name != "es":
+        parser.error(f"--preset {args.preset} sets algo={algo.name}; this benchmark runs ES")
+    args.population, args.sigma, args.learning_rate = algo.population, algo.sigma, algo.learning_rate
+    args.hidden = list(algo.hidden)
+    # the peer has no adaptive cap: it gets the env's own limit then, as fiberrl's eval episodes
+    args.episode_steps = algo.episode_steps if algo.episode_steps_growth == 1 else None
+    if args.peer_popsize is None:
+        args.peer_popsize = 2 * args.population
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
-    parser.add_argument("--steps", type=int, default=3_000_000)
+    parser.add_argument("--steps", type=int, default=50_000_000)
     parser.add_argument("--seeds", type=ints, default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--population", type=int, default=32)
-    parser.add_argument("--sigma", type=float, default=0.02)
-    parser.add_argument("--learning-rate", type=float, default=0.01)
-    parser.add_argument("--episode-steps", type=int, default=None)
+    parser.add_argument("--preset", default="es_bipedal_walker")
+    parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--eval-episodes", type=int, default=5)
-    parser.add_argument("--hidden", type=ints, default=[64, 64])
     parser.add_argument("--noise-size", type=int, default=50_000_000)
+    parser.add_argument("--peer", choices=("pgpe-clipup", "openai-es"), default="pgpe-clipup")
+    parser.add_argument("--peer-popsize", type=int, default=None)
+    parser.add_argument("--peer-max-speed", type=float, default=0.15)
+    # what the peer child is told of fiberrl's settings (the parent reads them from the preset)
+    parser.add_argument("--sigma", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--learning-rate", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--episode-steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--hidden", type=ints, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--peer-python", default=sys.executable)
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--peer-only", type=Path, default=None)
@@ -300,6 +342,7 @@ def main():
     if args.peer_child:  # one evotorch seed, in the --peer-python interpreter
         evotorch_seed(args, args.seeds[0], args.out / "evotorch" / f"seed{args.seeds[0]}")
         return
+    share_fiberrl_settings(args, parser)
 
     out = args.peer_only or args.out or (REPO / "experiments" / "results" / "es_bipedal"
                                          / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
@@ -333,7 +376,7 @@ def main():
         return
     report(rows, out, args)
     png = out / "es_bipedal.png"
-    draw(rows, png)
+    draw(rows, png, args)
     print(f"curves: {png}")
 
 
