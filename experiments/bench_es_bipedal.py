@@ -23,8 +23,8 @@ policy over --eval-episodes episodes (eval_reward): fiberrl in its pool with the
 perturbations, evotorch in its main process (GymNE.run), whose time is
 reported separately, and left out of its steps/s (which favours the peer).
 A fiberrl seed whose run directory holds checkpoints resumes from them (run
-the same command again after an interruption); an evotorch seed that has a
-metrics file is kept and not run again.
+the same command again after an interruption); an evotorch seed that reached
+--steps is kept, an unfinished one runs again from its start.
 
 Per seed: final and best eval reward, env steps, wall time, env steps per
 second; a table of both frameworks, the ratio of their env steps/s, and one
@@ -362,6 +362,10 @@ def main():
                   f"evotorch; see this script's docstring)", flush=True)
         else:
             for seed in args.seeds:
+                done = read_metrics(out / "evotorch" / f"seed{seed}")
+                if done and done[-1]["timesteps"] >= args.steps:
+                    print(f"\nevotorch seed {seed} already ran its {args.steps:,} steps", flush=True)
+                    continue
                 print(f"\nevotorch PGPE, seed {seed}, {args.steps:,} env steps, {args.workers} ray actors", flush=True)
                 if not peer_seed(args, seed, out):
                     print(f"the evotorch run of seed {seed} failed (its output is above)", flush=True)
