@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def run_pair(args, seed: int, out: Path) -> None:
         print(f"seed {seed}: already ran ({record})", flush=True)
         return
     pair.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
+    began, launched = time.perf_counter(), time.time()
     runs = {"fiberrl": start_fiberrl(args, seed, pair / "fiberrl"), "cleanrl": start_cleanrl(args, seed,
                                                                                             pair / "cleanrl")}
     print(f"seed {seed}: fiberrl pid {runs['fiberrl'].pid}, CleanRL pid {runs['cleanrl'].pid}; logs in {pair}",
@@ -111,28 +112,29 @@ def run_pair(args, seed: int, out: Path) -> None:
         time.sleep(1)
     if any(codes.values()):
         raise SystemExit(f"seed {seed}: a run failed ({codes}); its log is in {pair}")
-    record.write_text(json.dumps(dict(wall_s=wall)))
+    record.write_text(json.dumps(dict(wall_s=wall, launched=launched)))
 
 
 # --- each run's episodes -------------------------------------------------------------------
 
-def fiberrl_episodes(run_dir: Path) -> tuple[list[tuple[int, float, int]], float | None]:
-    """(step, mean return, episodes) per update, and the last update's own SPS."""
+def fiberrl_episodes(run_dir: Path, wall_s: float, launched: float) -> tuple[list[tuple], float | None]:
+    """(step, mean return, episodes, seconds since launch) per update, and the last update's own SPS."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    points = [(m["global_step"], m["charts/episodic_return"], m["charts/episodes"]) for m in lines
-              if m.get("charts/episodic_return") is not None]
+    start_up = wall_s - lines[-1]["time_s"] if lines else 0.0  # time_s counts from the first update's start
+    points = [(m["global_step"], m["charts/episodic_return"], m["charts/episodes"], m["time_s"] + start_up)
+              for m in lines if m.get("charts/episodic_return") is not None]
     return points, (lines[-1].get("charts/SPS") if lines else None)
 
 
-def cleanrl_episodes(args, run_dir: Path) -> tuple[list[tuple[int, float, int]], float | None]:
-    """(step, return, 1) per episode, and the last SPS CleanRL logged."""
+def cleanrl_episodes(args, run_dir: Path, wall_s: float, launched: float) -> tuple[list[tuple], float | None]:
+    """(step, return, 1, seconds since launch) per episode, and the last SPS CleanRL logged."""
     events = sorted((run_dir / "runs").glob("*/events.out.tfevents.*"))
     if not events:
         raise SystemExit(f"{run_dir}: CleanRL wrote no tensorboard events")
     found = subprocess.run([args.cleanrl_python, "-c", READ_EVENTS, str(events[-1].parent)], capture_output=True,
                            text=True, check=True).stdout
     rows = [json.loads(line) for line in found.splitlines()]
-    points = [(r["step"], r["value"], 1) for r in rows if r["tag"] == "charts/episodic_return"]
+    points = [(r["step"], r["value"], 1, r["wall"] - launched) for r in rows if r["tag"] == "charts/episodic_return"]
     sps = [r["value"] for r in rows if r["tag"] == "charts/SPS"]
     return sorted(points), (sps[-1] if sps else None)
 
@@ -140,7 +142,7 @@ def cleanrl_episodes(args, run_dir: Path) -> tuple[list[tuple[int, float, int]],
 def binned(points, bin_steps: int, total: int) -> list[float | None]:
     """The mean return of the episodes that ended in each bin of ``bin_steps`` steps."""
     sums = [[0.0, 0] for _ in range(-(-total // bin_steps))]
-    for step, value, count in points:
+    for step, value, count, _ in points:
         b = min(max(step - 1, 0) // bin_steps, len(sums) - 1)
         sums[b][0] += value * count
         sums[b][1] += count
@@ -148,7 +150,7 @@ def binned(points, bin_steps: int, total: int) -> list[float | None]:
 
 
 def late_mean(points, total: int) -> float | None:
-    late = [(v, n) for step, v, n in points if step > 0.9 * total]
+    late = [(v, n) for step, v, n, _ in points if step > 0.9 * total]
     return sum(v * n for v, n in late) / sum(n for _, n in late) if late else None
 
 
@@ -164,9 +166,10 @@ def report(args, out: Path) -> None:
         pair = out / f"seed{seed}"
         if not (pair / "pair.json").exists():
             continue
-        wall = json.loads((pair / "pair.json").read_text())["wall_s"]
-        for name, read in (("fiberrl", fiberrl_episodes), ("cleanrl", lambda d: cleanrl_episodes(args, d))):
-            points, own_sps = read(pair / name)
+        record = json.loads((pair / "pair.json").read_text())
+        wall = record["wall_s"]
+        for name, read in (("fiberrl", fiberrl_episodes), ("cleanrl", partial(cleanrl_episodes, args))):
+            points, own_sps = read(pair / name, wall[name], record["launched"])
             rows.append(dict(framework=name, seed=seed, bins=binned(points, args.bin, args.steps),
                              late=late_mean(points, args.steps), wall_s=wall[name], sps=args.steps / wall[name],
                              own_sps=own_sps, points=points))
@@ -212,6 +215,7 @@ def draw(rows, path: Path, args) -> None:
         steps = np.array([p[0] for p in r["points"]], float)
         returns = np.array([p[1] for p in r["points"]], float)
         weights = np.array([p[2] for p in r["points"]], float)
+        wall = np.array([p[3] for p in r["points"]], float)
         # a running mean over 20,000 steps of episodes: CleanRL logs each episode, fiberrl each update's mean
         smooth = [np.average(returns[(steps > s - 20_000) & (steps <= s)], weights=weights[(steps > s - 20_000)
                                                                                           & (steps <= s)])
@@ -219,11 +223,10 @@ def draw(rows, path: Path, args) -> None:
         label = None if r["framework"] in labelled else {"fiberrl": "fiberrl", "cleanrl": "CleanRL ppo_atari.py"}[
             r["framework"]]
         labelled.add(r["framework"])
-        wall = steps / args.steps * r["wall_s"]  # steps are taken at a near-constant rate
         for ax, x in zip(axes, (steps, wall), strict=True):
             ax.plot(x, smooth, color=colors[r["framework"]], alpha=0.8, linewidth=1.2, label=label)
     axes[0].set_xlabel("env steps (x4 frames)")
-    axes[1].set_xlabel("wall time (s), side by side on 2 cores")
+    axes[1].set_xlabel("seconds since launch, side by side on 2 cores")
     axes[0].set_ylabel("training episodes' return (20k-step running mean)")
     for ax in axes:
         ax.grid(alpha=0.3)
