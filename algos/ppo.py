@@ -38,6 +38,7 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from fiberrl.algorithm import RESUME_MAY_CHANGE, Algorithm, LoadedPolicy
+from fiberrl.rl import envpool_engine
 from fiberrl.rl.atari import NotAtari
 from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
 from fiberrl.run import DamagedFile, require
@@ -535,7 +536,28 @@ def check_settings(cfg) -> None:
 
 
 def env_spec(cfg) -> EnvSpec:
-    return EnvSpec(cfg.env.id, dict(cfg.env.kwargs), cfg.env.max_episode_steps, bool(cfg.env.get("atari", False)))
+    env = cfg.env
+    atari = bool(env.get("atari", False))
+    return EnvSpec(env.id, dict(env.kwargs), env.max_episode_steps, atari,
+                   env_engine(env.get("engine", "auto"), env.id, dict(env.kwargs), env.max_episode_steps, atari),
+                   int(env.get("envpool_threads", 1)))
+
+
+def env_engine(requested: str, env_id: str, kwargs: dict, max_episode_steps: int | None, atari: bool) -> str:
+    """What steps the env servers' envs: ``env.engine=auto`` is EnvPool when it is installed and can
+    make this env as the gymnasium path does, gymnasium otherwise."""
+    if requested == "gymnasium":
+        return requested
+    why = envpool_engine.unavailable()
+    if why is None:
+        try:
+            envpool_engine.task(env_id, kwargs, max_episode_steps, atari)
+            return "envpool"
+        except envpool_engine.NoEnvPoolTask as exc:
+            why = str(exc)
+    if requested == "envpool":
+        raise UsageError(f"env.engine=envpool: {why}; env.engine=gymnasium (or auto) steps {env_id} with gymnasium")
+    return "gymnasium"
 
 
 def probe_spaces(spec: EnvSpec) -> tuple[gym.Space, gym.Space]:
@@ -743,4 +765,4 @@ ALGORITHM = Algorithm(
     resume_may_change=frozenset({"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic",
                                  "stop_reward", "env_timeout"}),
     app_resume_may_change=RESUME_MAY_CHANGE - {"workers"},  # workers sets the number of envs
-    takes_atari=True)
+    takes_atari=True, has_env_servers=True)

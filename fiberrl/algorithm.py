@@ -43,3 +43,4 @@ class Algorithm:
     resume_may_change: frozenset[str]           # algo.* settings a resume may change (they change no result)
     app_resume_may_change: frozenset[str] = RESUME_MAY_CHANGE  # the same of the top-level settings
     takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
+    has_env_servers: bool = False               # steps its envs on env servers, whose engine env.engine picks

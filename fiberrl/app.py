@@ -26,7 +26,8 @@ NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init")
                                ("algo", "clipup_momentum"): 0.9, ("algo", "max_speed"): None,
                                ("algo", "sigma_decay"): 1.0, ("algo", "sigma_min"): 0.0,
                                ("algo", "episodes_per_eval"): 1, ("algo", "episode_steps_growth"): 1.0,
-                               ("algo", "episode_steps_grow_at"): 0.5}
+                               ("algo", "episode_steps_grow_at"): 0.5, ("env", "engine"): "auto",
+                               ("env", "envpool_threads"): 1}
 
 
 def fingerprint(cfg) -> dict:
@@ -86,6 +87,9 @@ def validate(cfg) -> None:
     if cfg.env.atari and not record.takes_atari:
         raise UsageError(f"env.atari=true: algo={cfg.algo.name} does not apply the Atari preprocessing "
                          f"(algo=ppo does)")
+    if cfg.env.engine != "auto" and not record.has_env_servers:
+        raise UsageError(f"env.engine={cfg.env.engine}: algo={cfg.algo.name} steps its envs in its own workers "
+                         f"with gymnasium; env.engine picks what steps env servers' envs (algo=ppo's)")
     record.check_settings(cfg)
 
 

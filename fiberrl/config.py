@@ -11,7 +11,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from .validation import ANY, Rule, at_least, non_empty, optional
+from .validation import ANY, Rule, at_least, non_empty, one_of, optional
 
 # the repository's configs/ in a checkout or an editable install; a wheel ships it as fiberrl/configs
 _CHECKOUT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -26,6 +26,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     max_episode_steps: int | None = None  # None: the id's registered limit (Atari: emulator frames)
     atari: bool = False                 # the standard Atari preprocessing (fiberrl/rl/atari.py); PPO only
+    engine: str = "auto"                # what steps PPO's env servers' envs: gymnasium, envpool, or auto (envpool
+    envpool_threads: int = 1            # when installed and it has the env); EnvPool's threads per env server
 
 
 # what each field may hold beyond its type (fiberrl.validation), checked before a run starts
@@ -35,6 +37,8 @@ ENV_RULES = {
     "kwargs": ANY,                      # what the env takes: the algorithm makes it once to see
     "max_episode_steps": optional(at_least(1), "the id's registered limit"),
     "atari": ANY,                       # whether the algorithm applies it: fiberrl.app.validate
+    "engine": one_of("auto", "gymnasium", "envpool"),
+    "envpool_threads": at_least(1),
 }
 
 

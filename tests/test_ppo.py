@@ -177,7 +177,8 @@ class Interrupted(Exception):
 
 def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
     # Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
-    settings = ["env=pendulum", "workers=2", "algo.envs_per_worker=1", "algo.num_steps=64",
+    # the gymnasium engine: EnvPool's envs cannot be rebuilt where they were (test_envpool_engine.py)
+    settings = ["env=pendulum", "env.engine=gymnasium", "workers=2", "algo.envs_per_worker=1", "algo.num_steps=64",
                 "algo.total_timesteps=768", "algo.checkpoint_every=2", "algo.norm_obs=true", "algo.norm_reward=true",
                 "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
     whole = _train(tmp_path, "whole", settings)

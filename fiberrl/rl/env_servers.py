@@ -64,6 +64,8 @@ class EnvSpec:
     kwargs: dict = field(default_factory=dict)
     max_episode_steps: int | None = None
     atari: bool = False
+    engine: str = "gymnasium"          # or "envpool": the server's envs as one EnvPool batch (envpool_engine)
+    threads: int = 1                   # EnvPool's threads per server
 
     def make(self, render_mode: str | None = None) -> gym.Env:
         """The env with its episode statistics in ``info["episode"]`` at each episode's end."""
@@ -191,6 +193,36 @@ class EnvServer:
         return np.stack(obs).astype(self.obs_dtype, copy=False)
 
 
+class EnvPoolServer(EnvServer):
+    """An env server whose envs are one EnvPool batch (``fiberrl.rl.envpool_engine``).  It keeps no
+    history to replay: ``reset(history)`` starts every env afresh, from its slot's seed."""
+
+    def __init__(self, spec: EnvSpec, seed: int, slots: list[int], generation: int = 0):
+        from .envpool_engine import EnvPoolBatch
+        self.spec, self.seed, self.slots, self.generation = spec, seed, list(slots), generation
+        self.batch = EnvPoolBatch(spec.id, spec.kwargs, spec.max_episode_steps, spec.atari,
+                                  [episode_seed(seed, slot, generation, 0) for slot in self.slots], spec.threads)
+
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.batch.observation_space, self.batch.action_space
+
+    def reset(self, history: list[SlotHistory] | None = None) -> np.ndarray:
+        return self.batch.reset()
+
+    def step(self, actions) -> ServerStep:
+        obs, reward, terminated, truncated, final, episodes = self.batch.step(actions)
+        return ServerStep(obs, reward, terminated, truncated, final, [Episode(*e) for e in episodes], {})
+
+    def close(self) -> None:
+        self.batch.close()
+
+
+def make_env_server(spec: EnvSpec, seed: int, slots: list[int], generation: int = 0) -> EnvServer:
+    """The server ``spec.engine`` names."""
+    server = EnvPoolServer if spec.engine == "envpool" else EnvServer
+    return server(spec, seed, slots, generation)
+
+
 class EnvServerManager(AsyncManager):
     """The process that holds an ``EnvServer``."""
 
@@ -199,7 +231,7 @@ class EnvServerManager(AsyncManager):
     batch_scheduling = False
 
 
-EnvServerManager.register("EnvServer", EnvServer)
+EnvServerManager.register("EnvServer", make_env_server, exposed=("spaces", "reset", "step", "close"))
 
 
 class RemoteEnvs:
@@ -294,7 +326,11 @@ class RemoteEnvs:
                     {base + i: o for i, o in part.final_obs.items()},
                     [e._replace(env=base + e.env) for e in part.episodes])
 
-    def history(self) -> list[SlotHistory]:
+    def history(self) -> list[SlotHistory] | None:
+        """Each slot's ``SlotHistory``; None for EnvPool, which cannot replay one (a resume starts its
+        envs afresh)."""
+        if self.spec.engine == "envpool":
+            return None
         return [SlotHistory(self._episode[i], np.array(self._actions[i]), np.array(self._life_resets[i], np.int64),
                             self._starts[i]) for i in range(self.num_envs)]
 
