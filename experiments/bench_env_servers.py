@@ -4,6 +4,15 @@ N environments, in the same run.
 
     python experiments/bench_env_servers.py [--envs cartpole,breakout] [--servers 1,2,4,8] [--seconds 5] [--rounds 40]
 
+With --engine envpool: fiberrl's env servers (``RemoteEnvs``, PPO's) on the
+EnvPool engine against EnvPool used directly (one batch of the same envs,
+as many threads as the servers have together) and against AsyncVectorEnv,
+all three making the same envs (for Breakout: BreakoutNoFrameskip-v4 with
+the Atari preprocessing: fiberrl's wrappers for AsyncVectorEnv, EnvPool's own
+for both others), timed in alternating slices:
+
+    python experiments/bench_env_servers.py --engine envpool --envs breakout --num-envs 8 --servers 1,2
+
 Both sides reset an environment inside the step that ends its episode (the
 vector env's autoreset), so each step is one round trip per environment.  Both sides are built
 first and then timed in alternating slices, so drifts in the load of a
@@ -111,6 +120,70 @@ def vector_stepper(stack: contextlib.ExitStack, env_id: str, n: int) -> Stepper:
     return Stepper(step, n)
 
 
+# --- the EnvPool engine against EnvPool and AsyncVectorEnv ----------------------------------
+
+ENGINE_ENVS = {"cartpole": ("CartPole-v1", False), "breakout": ("BreakoutNoFrameskip-v4", True)}
+
+
+def remote_envpool_stepper(stack: contextlib.ExitStack, env: str, num_envs: int, servers: int) -> Stepper:
+    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    env_id, atari = ENGINE_ENVS[env]
+    envs = RemoteEnvs(EnvSpec(env_id, atari=atari, engine="envpool"), servers, num_envs // servers, seed=0)
+    stack.callback(envs.close)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    return Stepper(lambda: envs.step(rng.integers(envs.single_action_space.n, size=num_envs)), num_envs)
+
+
+def envpool_stepper(stack: contextlib.ExitStack, env: str, num_envs: int, threads: int) -> Stepper:
+    import envpool
+
+    from fiberrl.rl.envpool_engine import task
+    env_id, atari = ENGINE_ENVS[env]
+    name, options = task(env_id, {}, None, atari)
+    pool = envpool.make(name, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=threads,
+                        seed=0, **options)
+    stack.callback(pool.close)
+    pool.reset()
+    rng = np.random.default_rng(0)
+    return Stepper(lambda: pool.step(rng.integers(pool.action_space.n, size=num_envs)), num_envs)
+
+
+def async_vector_stepper(stack: contextlib.ExitStack, env: str, num_envs: int) -> Stepper:
+    from fiberrl.rl.envs import make_env as make_fiberrl_env
+    env_id, atari = ENGINE_ENVS[env]
+    envs = gym.vector.AsyncVectorEnv([lambda: make_fiberrl_env(env_id, atari=atari)] * num_envs)
+    stack.callback(envs.close)
+    envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    return Stepper(lambda: envs.step(rng.integers(envs.single_action_space.n, size=num_envs)), num_envs)
+
+
+def compare_engine(env: str, num_envs: int, servers: int, seconds: float, rounds: int) -> list[Stepper]:
+    """fiberrl's servers on EnvPool, EnvPool itself, AsyncVectorEnv: alternating slices."""
+    with contextlib.ExitStack() as stack:
+        steppers = [remote_envpool_stepper(stack, env, num_envs, servers),
+                    envpool_stepper(stack, env, num_envs, servers), async_vector_stepper(stack, env, num_envs)]
+        for _ in range(rounds):
+            for stepper in steppers:
+                stepper.run(seconds / rounds)
+        return steppers
+
+
+def engine_main(args) -> None:
+    print(f"{'env':10} {'envs':>4} {'servers':>7} {'fiberrl+envpool':>15} {'envpool':>8} {'AsyncVectorEnv':>14} "
+          f"{'vs envpool':>17} {'vs AsyncVectorEnv':>17}")
+    for env in args.envs.split(","):
+        for servers in map(int, args.servers.split(",")):
+            ours, pool, vector = compare_engine(env, args.num_envs, servers, args.seconds, args.rounds)
+            cells = []
+            for peer in (pool, vector):
+                low, high = paired_interval(ours, peer)
+                cells.append(f"{ours.rate() / peer.rate():5.2f} ({low:.2f}-{high:.2f})")
+            print(f"{env:10} {args.num_envs:4d} {servers:7d} {ours.rate():15.0f} {pool.rate():8.0f} "
+                  f"{vector.rate():14.0f} {cells[0]:>17} {cells[1]:>17}", flush=True)
+
+
 def compare(env_id: str, n: int, seconds: float, rounds: int) -> tuple[Stepper, Stepper]:
     """Both, measured in alternating slices so a change in the machine's load
     falls on both alike."""
@@ -138,7 +211,13 @@ def main() -> None:
     # fine slices keep a load swing of a shared machine from falling on one side: at 10 slices Breakout
     # with 2 servers read 0.91-0.97 in runs that read 0.98-1.01 at 40
     parser.add_argument("--rounds", type=int, default=40, help="alternating slices the seconds are cut into")
+    parser.add_argument("--engine", choices=("gymnasium", "envpool"), default="gymnasium",
+                        help="envpool: fiberrl's env servers on EnvPool against EnvPool and AsyncVectorEnv")
+    parser.add_argument("--num-envs", type=int, default=8, help="with --engine envpool: envs in all")
     args = parser.parse_args()
+    if args.engine == "envpool":
+        engine_main(args)
+        return
     print(f"{'env':10} {'N':>3} {'fiberrl steps/s':>16} {'AsyncVectorEnv':>15} {'ratio':>6} {'paired 95%':>12}")
     for name in args.envs.split(","):
         for n in map(int, args.servers.split(",")):
