@@ -35,6 +35,7 @@ Flags:
     --bin N                steps per bin of the curves (default 100,000)
     --cleanrl-dir DIR      the CleanRL checkout (required)
     --cleanrl-python PATH  its interpreter (default: this one)
+    --engine NAME          what steps fiberrl's envs: gymnasium (default, as CleanRL's script) or envpool
     --out DIR              results folder (default experiments/results/ppo_breakout_cleanrl/<timestamp>)
 """
 from __future__ import annotations
@@ -71,9 +72,9 @@ for tag in ("charts/episodic_return", "charts/SPS"):
 
 
 def start_fiberrl(args, seed: int, run_dir: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fiberrl", "algo=ppo", "env=breakout_noframeskip", "workers=2", f"seed={seed}",
-               f"algo.total_timesteps={args.steps}", "algo.eval_every=0", "tensorboard=false",
-               f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", "fiberrl", "algo=ppo", "env=breakout_noframeskip", f"env.engine={args.engine}",
+               "workers=2", f"seed={seed}", f"algo.total_timesteps={args.steps}", "algo.eval_every=0",
+               "tensorboard=false", f"hydra.run.dir={run_dir}"]
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, **ONE_THREAD), stdout=log,
                             stderr=subprocess.STDOUT)
@@ -245,6 +246,7 @@ def main() -> None:
     parser.add_argument("--bin", type=int, default=100_000)
     parser.add_argument("--cleanrl-dir", type=Path, required=True)
     parser.add_argument("--cleanrl-python", default=sys.executable)
+    parser.add_argument("--engine", choices=("gymnasium", "envpool"), default="gymnasium")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not (args.cleanrl_dir / "cleanrl" / "ppo_atari.py").is_file():
