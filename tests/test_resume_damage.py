@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 SEED, NOISE_SIZE = 4177, 100_003
 ES = ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_size={NOISE_SIZE}", f"seed={SEED}",
       "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
-PPO = ["algo=ppo", "env=cartpole", "tensorboard=false", "algo.eval_every=0", "workers=1", "algo.envs_per_worker=1",
-       "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1", "algo.checkpoint_every=1"]
+# the gymnasium engine: a resume compared with the uninterrupted run must rebuild the envs exactly
+PPO = ["algo=ppo", "env=cartpole", "env.engine=gymnasium", "tensorboard=false", "algo.eval_every=0", "workers=1",
+       "algo.envs_per_worker=1", "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1",
+       "algo.checkpoint_every=1"]
 POET = ["algo=poet", "workers=1", "tensorboard=false", "algo.es.population=4", "algo.episode_steps=40",
         f"algo.es.noise_size={NOISE_SIZE}", f"seed={SEED}", "algo.reproduce_every=2", "algo.children=2",
         "algo.max_admitted=1", "algo.reproduce_threshold=-1000", "algo.mc_low=-1000", "algo.mc_high=1000",
