@@ -13,6 +13,14 @@ for both others), timed in alternating slices:
 
     python experiments/bench_env_servers.py --engine envpool --envs breakout --num-envs 8 --servers 1,2
 
+and past one host: --hosts docker puts each env server in a container of its
+own with a quota of --cpus cores (each container standing in for a host; the
+image is the one the docker tests make from this machine, with this
+environment mounted), and prints the aggregate steps/s of the servers beside
+the same servers as local processes, in alternating slices:
+
+    python experiments/bench_env_servers.py --engine envpool --envs breakout --num-envs 16 --servers 2 --hosts docker
+
 Both sides reset an environment inside the step that ends its episode (the
 vector env's autoreset), so each step is one round trip per environment.  Both sides are built
 first and then timed in alternating slices, so drifts in the load of a
@@ -170,6 +178,42 @@ def compare_engine(env: str, num_envs: int, servers: int, seconds: float, rounds
         return steppers
 
 
+def compare_hosts(env: str, num_envs: int, servers: int, seconds: float, rounds: int, cpus: float) -> list[Stepper]:
+    """The same EnvPool servers as local processes and as containers of ``cpus`` cores each."""
+    import sys
+    from pathlib import Path
+
+    import fiberrl.runtime as mp
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import docker_backend  # the docker tests' image: this machine's libraries, this environment mounted
+
+    why = docker_backend.available()
+    if why is not None:
+        raise SystemExit(f"--hosts docker: {why}")
+    with contextlib.ExitStack() as stack:
+        local = remote_envpool_stepper(stack, env, num_envs, servers)
+        mp.configure(**docker_backend.settings(), cpu_per_job=cpus)
+        try:
+            containers = remote_envpool_stepper(stack, env, num_envs, servers)
+        finally:
+            mp.configure(backend="local", cpu_per_job=0.0)
+        for _ in range(rounds):
+            local.run(seconds / rounds)
+            containers.run(seconds / rounds)
+        return [local, containers]
+
+
+def hosts_main(args) -> None:
+    print(f"{'env':10} {'envs':>4} {'servers':>7} {'local processes':>15} {f'containers of {args.cpus:g} cpu':>20} "
+          f"{'ratio':>17}")
+    for env in args.envs.split(","):
+        for servers in map(int, args.servers.split(",")):
+            local, containers = compare_hosts(env, args.num_envs, servers, args.seconds, args.rounds, args.cpus)
+            low, high = paired_interval(containers, local)
+            print(f"{env:10} {args.num_envs:4d} {servers:7d} {local.rate():15.0f} {containers.rate():20.0f} "
+                  f"{containers.rate() / local.rate():5.2f} ({low:.2f}-{high:.2f})", flush=True)
+
+
 def engine_main(args) -> None:
     print(f"{'env':10} {'envs':>4} {'servers':>7} {'fiberrl+envpool':>15} {'envpool':>8} {'AsyncVectorEnv':>14} "
           f"{'vs envpool':>17} {'vs AsyncVectorEnv':>17}")
@@ -214,9 +258,12 @@ def main() -> None:
     parser.add_argument("--engine", choices=("gymnasium", "envpool"), default="gymnasium",
                         help="envpool: fiberrl's env servers on EnvPool against EnvPool and AsyncVectorEnv")
     parser.add_argument("--num-envs", type=int, default=8, help="with --engine envpool: envs in all")
+    parser.add_argument("--hosts", choices=("local", "docker"), default="local",
+                        help="with --engine envpool: docker puts each server in a container of --cpus cores")
+    parser.add_argument("--cpus", type=float, default=1.0, help="with --hosts docker: each container's quota")
     args = parser.parse_args()
     if args.engine == "envpool":
-        engine_main(args)
+        (hosts_main if args.hosts == "docker" else engine_main)(args)
         return
     print(f"{'env':10} {'N':>3} {'fiberrl steps/s':>16} {'AsyncVectorEnv':>15} {'ratio':>6} {'paired 95%':>12}")
     for name in args.envs.split(","):
