@@ -31,6 +31,7 @@ Flags:
     --seeds LIST        seeds (default 0,1,2)
     --eval-episodes N   episodes of the final policy (default 100)
     --peer-python PATH  interpreter for the SB3 peer (default: this one)
+    --set KEY=VALUE     a Hydra override of fiberrl's preset (repeatable), to try a change of it
     --no-peer           run fiberrl only
     --peer-only         run only the peer (into --out, which may hold fiberrl's runs)
     --out DIR           results folder (default experiments/results/ppo_bipedal/<timestamp>)
@@ -64,11 +65,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
     """Train (or resume, or skip when done) and write final.json: the final policy's evaluation."""
-    num_updates = args.steps // (ZOO["n_envs"] * ZOO["n_steps"])
+    overrides = ["+experiment=ppo_bipedal_walker", f"seed={seed}", f"algo.total_timesteps={args.steps}",
+                 "tensorboard=false", *args.set]
+    from fiberrl.config import compose
+    cfg = compose(overrides)
+    num_updates = args.steps // (cfg.workers * cfg.algo.envs_per_worker * cfg.algo.num_steps)
     metrics = read_metrics(run_dir)
     if not metrics or metrics[-1]["iteration"] + 1 < num_updates:
-        command = [sys.executable, "-m", "fiberrl", "+experiment=ppo_bipedal_walker", f"seed={seed}",
-                   f"algo.total_timesteps={args.steps}", "tensorboard=false"]
+        command = [sys.executable, "-m", "fiberrl", *overrides]
         if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
             command.append(f"resume={run_dir}")
         else:
@@ -233,6 +237,7 @@ def main():
                         default=[0, 1, 2])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--peer-python", default=sys.executable)
+    parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--peer-only", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
