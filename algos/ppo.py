@@ -27,8 +27,10 @@ new episodes with new seeds.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -40,7 +42,7 @@ from torch.distributions import Categorical, Normal
 from fiberrl.algorithm import RESUME_MAY_CHANGE, Algorithm, LoadedPolicy
 from fiberrl.rl import envpool_engine
 from fiberrl.rl.atari import NotAtari
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs, SlotHistory
+from fiberrl.rl.env_servers import Episode, EnvSpec, RemoteEnvs, SlotHistory
 from fiberrl.run import DamagedFile, require
 from fiberrl.validation import (
     ANY,
@@ -102,6 +104,9 @@ class Config:
     eval_deterministic: bool = False   # evaluate the mean action (argmax if discrete), as SB3's zoo scores; else sample
     stop_reward: float | None = None   # stop once eval_reward reaches this
     env_timeout: float = 60.0          # seconds an env server may take to step before it is replaced
+    async_rollouts: bool = False       # step the next rollout with the policy before each update while the
+                                       # update trains (Sample Factory's, IMPALA's): each update learns from
+                                       # data one policy old, its ratio taken to the policy that acted
 
 
 # what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
@@ -136,6 +141,7 @@ RULES = {
     "eval_deterministic": ANY,
     "stop_reward": optional(finite(), "no early stop"),
     "env_timeout": positive(),
+    "async_rollouts": ANY,
 }
 
 
@@ -384,6 +390,82 @@ def env_actions(action: torch.Tensor, space: gym.Space) -> np.ndarray:
     return action
 
 
+# --- a rollout -----------------------------------------------------------------------
+
+@dataclass
+class Rollout:
+    """One rollout, as CleanRL keeps it: on the learner's device, (steps, envs, ...)."""
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    ends: torch.Tensor
+    values: torch.Tensor
+    next_value: torch.Tensor                      # the critic's value of the observation after the last step
+    episodes: list = field(default_factory=list)  # whole episodes that ended in it
+    seconds: float = 0.0
+
+    TENSORS = ("obs", "actions", "logprobs", "rewards", "ends", "values", "next_value")
+
+
+def new_rollout(num_steps: int, num_envs: int, observation_space, action_space, algo, device) -> Rollout:
+    obs = torch.zeros((num_steps, num_envs, *observation_space.shape), device=device,
+                      dtype=torch.uint8 if observation_space.dtype == np.uint8 and not algo.norm_obs
+                      else torch.float32)
+    actions = torch.zeros((num_steps, num_envs, *action_space.shape), device=device,
+                          dtype=torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.long)
+    logprobs, rewards, ends, values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(4))
+    return Rollout(obs, actions, logprobs, rewards, ends, values, torch.zeros(num_envs, device=device))
+
+
+@dataclass
+class Cursor:
+    """Where the envs are: their last observations, raw and as the agent sees them."""
+    raw: np.ndarray
+    obs: torch.Tensor
+
+
+def collect(rollout: Rollout, actor: Agent, envs, learner: Learner, cursor: Cursor, action_space, algo) -> None:
+    """Fill ``rollout`` with ``algo.num_steps`` steps of every env from ``cursor`` on, ``actor`` acting."""
+    began = time.perf_counter()
+    rollout.episodes = []
+    for step in range(algo.num_steps):
+        rollout.obs[step] = cursor.obs
+        with torch.no_grad():
+            action, logprob, _, value = actor.get_action_and_value(cursor.obs)
+        rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
+        result = envs.step(env_actions(action, action_space))
+
+        ended = result.terminated | result.truncated
+        reward = learner.scale(result.reward.astype(np.float64), ended)
+        if result.final_obs:  # truncated episodes: their value goes on past the cut
+            index = sorted(result.final_obs)
+            with torch.no_grad():
+                final = actor.get_value(learner.observe(np.stack([result.final_obs[i] for i in index]), update=False))
+            reward = bootstrap_truncated(reward, dict(zip(index, final.cpu().numpy(), strict=True)), algo.gamma)
+        rollout.rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=rollout.rewards.device)
+        rollout.ends[step] = torch.as_tensor(ended, dtype=torch.float32, device=rollout.ends.device)
+        cursor.raw, cursor.obs = result.obs, learner.observe(result.obs)
+        rollout.episodes += result.episodes
+    with torch.no_grad():
+        rollout.next_value = actor.get_value(cursor.obs)
+    rollout.seconds = time.perf_counter() - began
+
+
+def rollout_state(rollout: Rollout) -> tuple[dict, dict]:
+    """A collected rollout not yet learnt from, as a checkpoint's arrays and values (async rollouts)."""
+    arrays = {f"pending/{name}": getattr(rollout, name).cpu().numpy() for name in Rollout.TENSORS}
+    return arrays, dict(pending_episodes=[list(e) for e in rollout.episodes], pending_seconds=rollout.seconds)
+
+
+def restore_rollout(rollout: Rollout, arrays: dict, values: dict) -> None:
+    for name in Rollout.TENSORS:
+        getattr(rollout, name).copy_(torch.as_tensor(arrays[f"pending/{name}"]))
+    rollout.episodes = [Episode(int(env), float(reward), int(length))
+                        for env, reward, length in values["pending_episodes"]]
+    rollout.seconds = float(values["pending_seconds"])
+
+
 # --- the learner's state: what a checkpoint holds of it -------------------------------
 
 def state_arrays(agent: Agent, obs_rms: RunningMeanStd | None) -> dict:
@@ -507,6 +589,9 @@ def check_checkpoint(arrays: dict, values: dict, learner: Learner, num_envs: int
     wrong = [f"{k} of shape {arrays[k].shape}, not {shape}" for k, shape in shapes.items() if arrays[k].shape != shape]
     if wrong:
         raise DamagedFile(f"it holds {', '.join(wrong)}")
+    if any(k.startswith("pending/") for k in arrays):  # async rollouts: the rollout collected during the update
+        require(arrays, values, [f"pending/{name}" for name in Rollout.TENSORS],
+                ["pending_episodes", "pending_seconds"])
     episodes = values.get("env_episodes")
     if episodes is not None:
         require(arrays, values, ["next_obs", *(f"env/{i}/{name}" for i in range(len(episodes))
@@ -615,67 +700,65 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             generations, saved_obs = stored["env_generations"], arrays["next_obs"]
         run.console.print(f"resumed {run.path} after update {stored['iteration']} ({global_step:,} steps)")
 
-    # the rollout, as CleanRL keeps it: on the learner's device, (steps, envs, ...)
-    obs = torch.zeros((algo.num_steps, num_envs, *observation_space.shape), device=device,
-                      dtype=torch.uint8 if observation_space.dtype == np.uint8 and not algo.norm_obs
-                      else torch.float32)
-    actions = torch.zeros((algo.num_steps, num_envs, *action_space.shape), device=device,
-                          dtype=torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.long)
-    logprobs, rewards, ends, values = (torch.zeros((algo.num_steps, num_envs), device=device) for _ in range(4))
+    # two rollouts with async rollouts: the next one is collected, by a copy of the agent as it was before the
+    # update, while the update learns from the other
+    rollouts = [new_rollout(algo.num_steps, num_envs, observation_space, action_space, algo, device)
+                for _ in range(2 if algo.async_rollouts else 1)]
+    actor = copy.deepcopy(agent) if algo.async_rollouts else agent
+    pending = checkpoint is not None and "pending/obs" in checkpoint[0]
+    if pending:
+        restore_rollout(rollouts[start % 2], *checkpoint)
 
     summary = dict(updates=start, global_step=global_step, episodic_return=None, eval_reward=None,
                    best_eval_reward=best, env_server_restarts=restarts_before)
     envs = make_envs(cfg, spec, history, generations)
     eval_env = None
+    learner_threads = torch.get_num_threads()
+    collector = ThreadPoolExecutor(1, thread_name_prefix="rollout") if algo.async_rollouts else None
     try:
         raw_obs = envs.reset()
         if saved_obs is not None and not np.array_equal(raw_obs, saved_obs):
             log.warning("the envs rebuilt from the checkpoint are not where the run left them (an env that is not "
                         "a function of its seed and actions?); the resumed run goes on from where they are")
         # the uninterrupted run's normaliser had seen these observations before its checkpoint
-        next_obs = learner.observe(raw_obs, update=checkpoint is None)
+        cursor = Cursor(raw_obs, learner.observe(raw_obs, update=checkpoint is None))
+        if algo.async_rollouts and device.type == "cpu":
+            torch.set_num_threads(max(1, learner_threads - ROLLOUT_THREADS))  # the rest is the rollout's
         began, session_start, session_step = time.perf_counter() - elapsed, time.perf_counter(), global_step
         for update in range(start, num_updates):
             t0 = time.perf_counter()
             if algo.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - update / num_updates) * algo.learning_rate
-            episodes = []
-
-            learner_threads = torch.get_num_threads()
-            if device.type == "cpu":
-                torch.set_num_threads(ROLLOUT_THREADS)
-            for step in range(algo.num_steps):
-                global_step += num_envs
-                obs[step] = next_obs
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                actions[step], logprobs[step], values[step] = action, logprob, value
-                result = envs.step(env_actions(action, action_space))
-
-                ended = result.terminated | result.truncated
-                reward = learner.scale(result.reward.astype(np.float64), ended)
-                if result.final_obs:  # truncated episodes: their value goes on past the cut
-                    index = sorted(result.final_obs)
-                    with torch.no_grad():
-                        final = agent.get_value(learner.observe(np.stack([result.final_obs[i] for i in index]),
-                                                                update=False))
-                    reward = bootstrap_truncated(reward, dict(zip(index, final.cpu().numpy(), strict=True)),
-                                                 algo.gamma)
-                rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-                ends[step] = torch.as_tensor(ended, dtype=torch.float32, device=device)
-                raw_obs, next_obs = result.obs, learner.observe(result.obs)
-                episodes += result.episodes
-            torch.set_num_threads(learner_threads)
+            rollout = rollouts[update % len(rollouts)]
+            collected = algo.async_rollouts and (update > start or pending)  # while the last update trained
+            if not collected:
+                if device.type == "cpu" and not algo.async_rollouts:
+                    torch.set_num_threads(ROLLOUT_THREADS)
+                collect(rollout, actor, envs, learner, cursor, action_space, algo)
+                if device.type == "cpu" and not algo.async_rollouts:
+                    torch.set_num_threads(learner_threads)
             t_rollout = time.perf_counter() - t0
+            global_step += batch_size
+            episodes = rollout.episodes
 
+            following = None
+            if algo.async_rollouts and update + 1 < num_updates:
+                actor.load_state_dict(agent.state_dict())  # the policy this update starts from acts next
+                following = collector.submit(collect, rollouts[(update + 1) % 2], actor, envs, learner, cursor,
+                                             action_space, algo)
             with torch.no_grad():
-                advantages, returns = gae(rewards, values, ends, agent.get_value(next_obs), algo.gamma,
-                                          algo.gae_lambda)
-            batch = dict(obs=obs.reshape((-1, *observation_space.shape)),
-                         actions=actions.reshape((-1, *action_space.shape)), logprobs=logprobs.reshape(-1),
-                         advantages=advantages.reshape(-1), returns=returns.reshape(-1), values=values.reshape(-1))
+                advantages, returns = gae(rollout.rewards, rollout.values, rollout.ends, rollout.next_value,
+                                          algo.gamma, algo.gae_lambda)
+            batch = dict(obs=rollout.obs.reshape((-1, *observation_space.shape)),
+                         actions=rollout.actions.reshape((-1, *action_space.shape)),
+                         logprobs=rollout.logprobs.reshape(-1), advantages=advantages.reshape(-1),
+                         returns=returns.reshape(-1), values=rollout.values.reshape(-1))
             losses = ppo_update(agent, optimizer, batch, algo, learner.rng)
             t_update = time.perf_counter() - t0 - t_rollout
+            t_wait = 0.0
+            if following is not None:
+                following.result()  # a failure of the collection (an env server beyond replacing) raises here
+                t_wait = time.perf_counter() - t0 - t_rollout - t_update
 
             eval_reward = None
             if algo.eval_every and algo.eval_episodes and ((update + 1) % algo.eval_every == 0
@@ -696,7 +779,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             returns_ = [e.reward for e in episodes]
             metrics = {"iteration": update, "timesteps": global_step, "global_step": global_step,
                        "time_s": now - began, "iteration_s": now - t0, "rollout_s": t_rollout,
-                       "update_s": t_update,
+                       "update_s": t_update, "rollout_wait_s": t_wait,
                        "charts/SPS": int((global_step - session_step) / (now - session_start)),
                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
                        "charts/episodic_return": float(np.mean(returns_)) if returns_ else None,
@@ -709,9 +792,13 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             if (update + 1) % algo.checkpoint_every == 0 or update + 1 == num_updates or solved:
                 arrays, saved = learner.state()
                 env_arrays, env_values = env_state(envs)
-                arrays.update(env_arrays, next_obs=raw_obs)
+                arrays.update(env_arrays, next_obs=cursor.raw)
                 saved.update(env_values, iteration=update, global_step=global_step, time_s=metrics["time_s"],
                              best=best, env_server_restarts=restarts_before + envs.restarts)
+                if following is not None:  # the rollout the next update learns from, collected already
+                    pending_arrays, pending_values = rollout_state(rollouts[(update + 1) % 2])
+                    arrays.update(pending_arrays)
+                    saved.update(pending_values)
                 run.save_checkpoint(update, arrays, saved)
             summary.update(updates=update + 1, global_step=global_step, eval_reward=eval_reward,
                            best_eval_reward=best, env_server_restarts=restarts_before + envs.restarts,
@@ -722,6 +809,9 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
                 run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={algo.stop_reward}")
                 break
     finally:
+        if collector is not None:
+            collector.shutdown(cancel_futures=True)
+        torch.set_num_threads(learner_threads)
         envs.close()
         if eval_env is not None:
             eval_env.close()

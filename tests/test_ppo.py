@@ -196,6 +196,30 @@ def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
     assert [m["iteration"] for m in strip] == list(range(6))
 
 
+def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exactly(tmp_path):
+    settings = ["env=cartpole", "env.engine=gymnasium", "workers=2", "algo.envs_per_worker=2", "algo.num_steps=32",
+                "algo.total_timesteps=768", "algo.checkpoint_every=2", "seed=6"]
+    overlapped = [*settings, "algo.async_rollouts=true"]
+    whole = _train(tmp_path, "whole", overlapped)
+    in_turn = _train(tmp_path, "in_turn", settings)
+    losses = [[m[k] for k in sorted(m) if k.startswith("losses/")] for m in _metrics(tmp_path / "whole")]
+    losses_in_turn = [[m[k] for k in sorted(m) if k.startswith("losses/")] for m in _metrics(tmp_path / "in_turn")]
+    # the first update learns from the same rollout either way; the second, from one its previous policy took
+    assert losses[0] == losses_in_turn[0] and losses[1] != losses_in_turn[1]
+    assert not np.array_equal(_parameters(whole), _parameters(in_turn))
+
+    def crash_after_update_4(update, envs):
+        if update == 4:  # the checkpoint after update 3 holds the rollout collected during it
+            raise Interrupted
+    with pytest.raises(Interrupted):
+        _train(tmp_path, "parts", overlapped, on_iteration=crash_after_update_4)
+    resumed = _train(tmp_path, "parts", [*overlapped, f"resume={tmp_path / 'parts'}"])
+    assert np.array_equal(_parameters(whole), _parameters(resumed))
+    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "charts/SPS")
+    strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
+    assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
+
+
 def test_breakout_runs_a_few_updates_and_evaluates(tmp_path):
     seen = []
     summary = _train(tmp_path, "breakout", ["env=breakout", "workers=1", "algo.envs_per_worker=2",
