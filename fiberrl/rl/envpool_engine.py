@@ -110,7 +110,7 @@ class EnvPoolBatch:
             self.pool = envpool.make(name, env_type="gymnasium", num_envs=self.n, batch_size=self.n,
                                      num_threads=max(1, min(threads, self.n)),
                                      env_seed=[int(s) % 2**31 for s in seeds], **options)
-        self.observation_space, self.action_space = self.pool.observation_space, self.pool.action_space
+            self.observation_space, self.action_space = self.pool.observation_space, self.pool.action_space
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self.returns, self.lengths = np.zeros(self.n), np.zeros(self.n, np.int64)
         self.all_ids = np.arange(self.n, dtype=np.int32)
