@@ -403,7 +403,8 @@ class Rollout:
     values: torch.Tensor
     next_value: torch.Tensor                      # the critic's value of the observation after the last step
     episodes: list = field(default_factory=list)  # whole episodes that ended in it
-    seconds: float = 0.0
+    seconds: float = 0.0                          # to collect it...
+    inference_s: float = 0.0                      # ...of which the policy's forward passes
 
     TENSORS = ("obs", "actions", "logprobs", "rewards", "ends", "values", "next_value")
 
@@ -427,12 +428,14 @@ class Cursor:
 
 def collect(rollout: Rollout, actor: Agent, envs, learner: Learner, cursor: Cursor, action_space, algo) -> None:
     """Fill ``rollout`` with ``algo.num_steps`` steps of every env from ``cursor`` on, ``actor`` acting."""
-    began = time.perf_counter()
+    began, inference = time.perf_counter(), 0.0
     rollout.episodes = []
     for step in range(algo.num_steps):
         rollout.obs[step] = cursor.obs
+        t = time.perf_counter()
         with torch.no_grad():
             action, logprob, _, value = actor.get_action_and_value(cursor.obs)
+        inference += time.perf_counter() - t
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         result = envs.step(env_actions(action, action_space))
 
@@ -449,13 +452,14 @@ def collect(rollout: Rollout, actor: Agent, envs, learner: Learner, cursor: Curs
         rollout.episodes += result.episodes
     with torch.no_grad():
         rollout.next_value = actor.get_value(cursor.obs)
-    rollout.seconds = time.perf_counter() - began
+    rollout.seconds, rollout.inference_s = time.perf_counter() - began, inference
 
 
 def rollout_state(rollout: Rollout) -> tuple[dict, dict]:
     """A collected rollout not yet learnt from, as a checkpoint's arrays and values (async rollouts)."""
     arrays = {f"pending/{name}": getattr(rollout, name).cpu().numpy() for name in Rollout.TENSORS}
-    return arrays, dict(pending_episodes=[list(e) for e in rollout.episodes], pending_seconds=rollout.seconds)
+    return arrays, dict(pending_episodes=[list(e) for e in rollout.episodes],
+                        pending_seconds=[rollout.seconds, rollout.inference_s])
 
 
 def restore_rollout(rollout: Rollout, arrays: dict, values: dict) -> None:
@@ -463,7 +467,7 @@ def restore_rollout(rollout: Rollout, arrays: dict, values: dict) -> None:
         getattr(rollout, name).copy_(torch.as_tensor(arrays[f"pending/{name}"]))
     rollout.episodes = [Episode(int(env), float(reward), int(length))
                         for env, reward, length in values["pending_episodes"]]
-    rollout.seconds = float(values["pending_seconds"])
+    rollout.seconds, rollout.inference_s = map(float, values["pending_seconds"])
 
 
 # --- the learner's state: what a checkpoint holds of it -------------------------------
@@ -780,6 +784,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             metrics = {"iteration": update, "timesteps": global_step, "global_step": global_step,
                        "time_s": now - began, "iteration_s": now - t0, "rollout_s": t_rollout,
                        "update_s": t_update, "rollout_wait_s": t_wait,
+                       "rollout_collect_s": rollout.seconds, "rollout_inference_s": rollout.inference_s,
                        "charts/SPS": int((global_step - session_step) / (now - session_start)),
                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
                        "charts/episodic_return": float(np.mean(returns_)) if returns_ else None,

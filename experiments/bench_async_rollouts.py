@@ -1,9 +1,11 @@
 """PPO with and without ``algo.async_rollouts``, the same settings and
 budget, runs alternating (sync, async, sync, async...) so that a drift of
 the machine's load falls on both: env steps per second, what an update's
-time goes to (collecting the rollout, training, waiting for the rollout
-collected meanwhile), and the training episodes' mean return per budget
-slice, per seed and their mean.
+time goes to (sync: collecting the rollout, then training; async: training,
+then waiting for the rollout collected meanwhile), what collecting a
+rollout takes (the policy's forward passes, the rest stepping the envs and
+moving data), and the training episodes' mean return per budget slice, per
+seed and their mean.
 
     python experiments/bench_async_rollouts.py --env cartpole --steps 100000 --seeds 0,1
     python experiments/bench_async_rollouts.py --env breakout_noframeskip --steps 100000 --seeds 0
@@ -66,15 +68,17 @@ def main() -> None:
                              rollout_s=statistics.mean(m["rollout_s"] for m in later),
                              update_s=statistics.mean(m["update_s"] for m in later),
                              wait_s=statistics.mean(m.get("rollout_wait_s", 0.0) for m in later),
+                             collect_s=statistics.mean(m["rollout_collect_s"] for m in later),
+                             inference_s=statistics.mean(m["rollout_inference_s"] for m in later),
                              iteration_s=statistics.mean(m["iteration_s"] for m in later),
                              returns=binned_returns(metrics, args.steps, args.bins)))
     print(f"\n{args.env}, {args.steps:,} env steps a run, {' '.join(args.set)}")
-    print(f"{'mode':6} {'seed':>4} {'SPS':>6} {'update s':>9} {'= rollout':>10} {'+ train':>8} {'+ wait':>7}  "
-          f"mean return per {args.steps // args.bins:,} steps")
+    print(f"{'mode':6} {'seed':>4} {'SPS':>6} {'update s':>9} {'= rollout':>10} {'+ train':>8} {'+ wait':>7} "
+          f"{'collect s':>10} {'inference':>10}  mean return per {args.steps // args.bins:,} steps")
     for r in rows:
         cells = " ".join("-" if v is None else f"{v:6.1f}" for v in r["returns"])
         print(f"{r['mode']:6} {r['seed']:>4} {r['sps']:6.0f} {r['iteration_s']:9.3f} {r['rollout_s']:10.3f} "
-              f"{r['update_s']:8.3f} {r['wait_s']:7.3f}  {cells}")
+              f"{r['update_s']:8.3f} {r['wait_s']:7.3f} {r['collect_s']:10.3f} {r['inference_s']:10.3f}  {cells}")
     means = {}
     for mode in ("sync", "async"):
         group = [r for r in rows if r["mode"] == mode]
@@ -82,7 +86,7 @@ def main() -> None:
         per_bin = [statistics.mean(v for v in col if v is not None) if any(v is not None for v in col) else None
                    for col in zip(*(r["returns"] for r in group), strict=True)]
         cells = " ".join("-" if v is None else f"{v:6.1f}" for v in per_bin)
-        print(f"{mode:6} {'mean':>4} {means[mode]:6.0f} {'':>9} {'':>10} {'':>8} {'':>7}  {cells}")
+        print(f"{mode:6} {'mean':>4} {means[mode]:6.0f} {'':>9} {'':>10} {'':>8} {'':>7} {'':>10} {'':>10}  {cells}")
     print(f"SPS, async / sync: {means['async'] / means['sync']:.2f}")
     (out / "summary.json").write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, rows=rows),
                                                  indent=1))

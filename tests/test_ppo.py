@@ -190,7 +190,8 @@ def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
         _train(tmp_path, "parts", settings, on_iteration=crash_after_update_4)
     resumed = _train(tmp_path, "parts", [*settings, f"resume={tmp_path / 'parts'}"])
     assert np.array_equal(_parameters(whole), _parameters(resumed))
-    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "charts/SPS")
+    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
+              "rollout_inference_s", "charts/SPS")
     strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
     assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
     assert [m["iteration"] for m in strip] == list(range(6))
@@ -215,7 +216,8 @@ def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exact
         _train(tmp_path, "parts", overlapped, on_iteration=crash_after_update_4)
     resumed = _train(tmp_path, "parts", [*overlapped, f"resume={tmp_path / 'parts'}"])
     assert np.array_equal(_parameters(whole), _parameters(resumed))
-    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "charts/SPS")
+    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
+              "rollout_inference_s", "charts/SPS")
     strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
     assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
 
