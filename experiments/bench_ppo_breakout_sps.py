@@ -101,8 +101,9 @@ def main() -> None:
         if fiberrl:
             update, train = (statistics.mean(r[k] for r in fiberrl) for k in ("update_s", "train_s"))
             inference, collect = (statistics.mean(r[k] for r in fiberrl) for k in ("inference_s", "collect_s"))
+            stepping = (collect - inference) / update
             line += (f"; an update {update:.2f} s: learner {train / update:.0%}, forward passes "
-                     f"{inference / update:.0%}, stepping and the rest of the rollout {(collect - inference) / update:.0%}")
+                     f"{inference / update:.0%}, stepping and the rest of the rollout {stepping:.0%}")
         print(line)
     for ours in ("fiberrl-envpool", "fiberrl-gymnasium"):
         print(f"{ours} / cleanrl-envpool {means[ours] / means['cleanrl-envpool']:.2f}, "
