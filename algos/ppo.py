@@ -23,7 +23,14 @@ envs are split over servers.  A checkpoint holds the learner's state and
 each env's actions since its episode began; resuming replays them into
 fresh env servers, so a resumed run computes what the uninterrupted one
 would have.  A lost env server is the exception: its replacement starts
-new episodes with new seeds.
+new episodes with new seeds; so is the EnvPool engine, whose envs cannot be
+replayed.
+
+Async rollouts (``algo.async_rollouts``): a thread collects the next rollout
+with a copy of the policy each update starts from while the update trains,
+so each update learns from data one policy old (the ratio is to the policy
+that acted, as Sample Factory's PPO); a checkpoint then holds that rollout
+too, and a resume stays exact.
 """
 from __future__ import annotations
 
