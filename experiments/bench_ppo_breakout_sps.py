@@ -18,9 +18,10 @@ the rollout: stepping the envs and moving data), from its metrics.
         --cleanrl-python /tmp/venv-cleanrl/bin/python [--steps 20480] [--rounds 2]
 
 The CleanRL interpreter needs, beyond what ppo_breakout_vs_cleanrl.py lists,
-``envpool==0.8.4`` and ``gym==0.26.2``: CleanRL's envpool script is written
+``envpool==0.8.4`` and ``gym==0.23.1``: CleanRL's envpool script is written
 for EnvPool's gym API of that era (it sets attributes EnvPool 1.x makes
-read-only), and 0.8.4 is the oldest release with a Python 3.11 wheel.
+read-only, and takes ``reset()`` to return the observations alone, as gym
+before 0.26 did); 0.8.4 is the oldest EnvPool with a Python 3.11 wheel.
 """
 from __future__ import annotations
 
