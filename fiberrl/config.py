@@ -26,8 +26,9 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     max_episode_steps: int | None = None  # None: the id's registered limit (Atari: emulator frames)
     atari: bool = False                 # the standard Atari preprocessing (fiberrl/rl/atari.py); PPO only
-    engine: str = "auto"                # what steps PPO's env servers' envs: gymnasium, envpool, or auto (envpool
-    envpool_threads: int = 1            # when installed and it has the env); EnvPool's threads per env server
+    # what steps PPO's env servers' envs: gymnasium, envpool, or auto (envpool when installed and it has the env)
+    engine: str = "auto"
+    envpool_threads: int = 1            # EnvPool's threads per env server
 
 
 # what each field may hold beyond its type (fiberrl.validation), checked before a run starts

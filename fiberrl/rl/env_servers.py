@@ -26,6 +26,11 @@ records both for every slot, and ``history()`` rebuilds every env's state
 exactly in new servers (``RemoteEnvs(..., history=...)`` replays it): that is
 how a resumed run continues as the uninterrupted one would have.
 
+Engines: a server steps its envs one by one in Python (``EnvServer``, the
+gymnasium path) or as one EnvPool batch (``EnvPoolServer``,
+``fiberrl.rl.envpool_engine``), which keeps this contract but cannot replay
+a history: ``history()`` is then None, and a resume starts its envs afresh.
+
 Crashes: a server that dies (or does not answer within ``timeout``) is
 replaced by a fresh one; its envs start new episodes with new seeds (the
 slot's generation goes up), the episodes they were in are reported as
