@@ -726,6 +726,8 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
     eval_env = None
     learner_threads = torch.get_num_threads()
     collector = ThreadPoolExecutor(1, thread_name_prefix="rollout") if algo.async_rollouts else None
+    # a sync rollout steps on ROLLOUT_THREADS torch threads and gives the learner its threads back after
+    one_thread_rollout = device.type == "cpu" and not algo.async_rollouts
     try:
         raw_obs = envs.reset()
         if saved_obs is not None and not np.array_equal(raw_obs, saved_obs):
@@ -743,10 +745,10 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             rollout = rollouts[update % len(rollouts)]
             collected = algo.async_rollouts and (update > start or pending)  # while the last update trained
             if not collected:
-                if device.type == "cpu" and not algo.async_rollouts:
+                if one_thread_rollout:
                     torch.set_num_threads(ROLLOUT_THREADS)
                 collect(rollout, actor, envs, learner, cursor, action_space, algo)
-                if device.type == "cpu" and not algo.async_rollouts:
+                if one_thread_rollout:
                     torch.set_num_threads(learner_threads)
             t_rollout = time.perf_counter() - t0
             global_step += batch_size

@@ -175,6 +175,26 @@ class Interrupted(Exception):
     pass
 
 
+TIMING = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
+          "rollout_inference_s", "charts/SPS")
+
+
+def _crash_after_update_4_and_resume(tmp_path, settings, whole) -> list[dict]:
+    """Run ``settings`` into tmp_path/parts, crash it after update 4 (its last checkpoint was after
+    update 3, so update 4 is logged and lost), resume it, and check that it ends as ``whole`` did,
+    metrics included; returns those metrics without their timings."""
+    def crash_after_update_4(update, envs):
+        if update == 4:
+            raise Interrupted
+    with pytest.raises(Interrupted):
+        _train(tmp_path, "parts", settings, on_iteration=crash_after_update_4)
+    resumed = _train(tmp_path, "parts", [*settings, f"resume={tmp_path / 'parts'}"])
+    assert np.array_equal(_parameters(whole), _parameters(resumed))
+    strip = [{k: v for k, v in m.items() if k not in TIMING} for m in _metrics(tmp_path / "whole")]
+    assert strip == [{k: v for k, v in m.items() if k not in TIMING} for m in _metrics(tmp_path / "parts")]
+    return strip
+
+
 def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
     # Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
     # the gymnasium engine: EnvPool's envs cannot be rebuilt where they were (test_envpool_engine.py)
@@ -182,18 +202,7 @@ def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
                 "algo.total_timesteps=768", "algo.checkpoint_every=2", "algo.norm_obs=true", "algo.norm_reward=true",
                 "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
     whole = _train(tmp_path, "whole", settings)
-
-    def crash_after_update_4(update, envs):
-        if update == 4:  # the last checkpoint was after update 3: update 4 is logged and lost
-            raise Interrupted
-    with pytest.raises(Interrupted):
-        _train(tmp_path, "parts", settings, on_iteration=crash_after_update_4)
-    resumed = _train(tmp_path, "parts", [*settings, f"resume={tmp_path / 'parts'}"])
-    assert np.array_equal(_parameters(whole), _parameters(resumed))
-    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-              "rollout_inference_s", "charts/SPS")
-    strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
-    assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
+    strip = _crash_after_update_4_and_resume(tmp_path, settings, whole)
     assert [m["iteration"] for m in strip] == list(range(6))
 
 
@@ -209,17 +218,8 @@ def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exact
     assert losses[0] == losses_in_turn[0] and losses[1] != losses_in_turn[1]
     assert not np.array_equal(_parameters(whole), _parameters(in_turn))
 
-    def crash_after_update_4(update, envs):
-        if update == 4:  # the checkpoint after update 3 holds the rollout collected during it
-            raise Interrupted
-    with pytest.raises(Interrupted):
-        _train(tmp_path, "parts", overlapped, on_iteration=crash_after_update_4)
-    resumed = _train(tmp_path, "parts", [*overlapped, f"resume={tmp_path / 'parts'}"])
-    assert np.array_equal(_parameters(whole), _parameters(resumed))
-    timing = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-              "rollout_inference_s", "charts/SPS")
-    strip = [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "whole")]
-    assert strip == [{k: v for k, v in m.items() if k not in timing} for m in _metrics(tmp_path / "parts")]
+    # with async rollouts, the checkpoint after update 3 holds the rollout collected during it
+    _crash_after_update_4_and_resume(tmp_path, overlapped, whole)
 
 
 def test_breakout_runs_a_few_updates_and_evaluates(tmp_path):

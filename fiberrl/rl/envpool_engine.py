@@ -130,13 +130,12 @@ class EnvPoolBatch:
         obs = self._in_order(obs, info)
         order = np.argsort(info["env_id"])
         reward, terminated, truncated = reward[order], terminated[order].astype(bool), truncated[order].astype(bool)
+        self.returns += reward  # unclipped: EnvPool's reward_clip is off
         self.lengths += 1
         if self.atari:
-            self.returns += reward  # unclipped: EnvPool's reward_clip is off
-            game_over = (info["terminated"][order].astype(bool) | truncated)
+            game_over = info["terminated"][order].astype(bool) | truncated  # the game, not the life
             reward = np.sign(reward)
         else:
-            self.returns += reward
             game_over = terminated | truncated
         ended = np.flatnonzero(terminated | truncated)
         final = {int(i): obs[i].copy() for i in np.flatnonzero(truncated & ~terminated)}
@@ -152,9 +151,7 @@ class EnvPoolBatch:
         return obs, reward.astype(np.float32), terminated, truncated, final, episodes
 
     def close(self) -> None:
-        close = getattr(self.pool, "close", None)
-        if close is not None:
-            close()
+        self.pool.close()
 
     def _in_order(self, obs: np.ndarray, info: dict) -> np.ndarray:
         ordered = np.empty_like(obs)
