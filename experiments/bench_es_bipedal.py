@@ -22,9 +22,11 @@ counts the eval episodes.  Each iteration both also evaluate the unperturbed
 policy over --eval-episodes episodes (eval_reward): fiberrl in its pool with the
 perturbations, evotorch in its main process (GymNE.run), whose time is
 reported separately, and left out of its steps/s (which favours the peer).
-A fiberrl seed whose run directory holds checkpoints resumes from them (run
-the same command again after an interruption); an evotorch seed that reached
---steps is kept, an unfinished one runs again from its start.
+A seed whose run directory holds checkpoints resumes from them (run the same
+command again after an interruption): fiberrl's own, and for evotorch a pickle
+of its searcher (which takes its problem's observation statistics and its
+actors' step counts with it, as evotorch pickles itself) and of the random
+generators, written every --peer-checkpoint-every iterations.
 
 Per seed: final and best eval reward, env steps, wall time, env steps per
 second; a table of both frameworks, the ratio of their env steps/s, and one
@@ -52,6 +54,7 @@ Flags:
     --peer-popsize N   evotorch's solutions per iteration (default: 2 x fiberrl's population)
     --peer-max-speed S ClipUp's max speed for the peer (default 0.15)
     --peer-python PATH interpreter for the evotorch peer (default: this one)
+    --peer-checkpoint-every N  evotorch iterations between its checkpoints (default 10)
     --no-peer          run fiberrl only
     --peer-only DIR    run only the peer, into the results folder DIR (which may hold fiberrl's runs)
     --out DIR          results folder (default experiments/results/es_bipedal/<timestamp>)
@@ -171,8 +174,18 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
     # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
     # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
     searcher = PGPE(problem, **searcher_settings)
-    train_s, began, iteration, timesteps = 0.0, time.perf_counter(), 0, 0
-    with open(run_dir / "metrics.jsonl", "w") as log:
+    train_s, wall_before, iteration, timesteps = 0.0, 0.0, 0, 0
+    checkpoint = run_dir / "checkpoint.pkl"
+    if checkpoint.exists():
+        searcher, saved = load_evotorch_checkpoint(checkpoint, seed)
+        problem = searcher.problem
+        iteration, train_s, wall_before, timesteps = (saved[k] for k in ("iteration", "train_s", "wall_s",
+                                                                           "timesteps"))
+        print(f"evotorch seed {seed}: resumed at iteration {iteration}, {timesteps:,} steps", flush=True)
+    kept = [row for row in read_metrics(run_dir) if row["iteration"] < iteration]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept))
+    began = time.perf_counter() - wall_before
+    with open(run_dir / "metrics.jsonl", "a") as log:
         while timesteps < args.steps:
             t0 = time.perf_counter()
             searcher.step()
@@ -193,7 +206,47 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                   f"{row['reward_mean']:.2f} max {row['reward_max']:.2f}  eval {row['eval_reward']:.2f}  "
                   f"{row['iteration_s']:.2f} s/iter (+{eval_s:.2f} s eval)  {row['wall_s']:.0f} s", flush=True)
             iteration += 1
+            if iteration % args.peer_checkpoint_every == 0 or timesteps >= args.steps:
+                save_evotorch_checkpoint(checkpoint, searcher, dict(iteration=iteration, train_s=train_s,
+                                                                    wall_s=time.perf_counter() - began,
+                                                                    timesteps=timesteps))
     ray.shutdown()
+
+
+def save_evotorch_checkpoint(path: Path, searcher, progress: dict) -> None:
+    import pickle
+    import random
+
+    import numpy as np
+    import torch
+    state = dict(searcher=searcher, progress=progress, torch_rng=torch.get_rng_state(),
+                 numpy_rng=np.random.get_state(), python_rng=random.getstate())
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb") as f:
+        pickle.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def load_evotorch_checkpoint(path: Path, seed: int):
+    """(searcher, progress) from a checkpoint; a damaged one ends the run with a line saying so."""
+    import pickle
+    import random
+
+    import numpy as np
+    import torch
+    try:
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        searcher, progress = state["searcher"], state["progress"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+    except Exception as exc:  # noqa: BLE001 -- whatever a damaged pickle raises
+        raise SystemExit(f"evotorch seed {seed}: its checkpoint {path} cannot be read ({type(exc).__name__}: "
+                         f"{exc}); delete it to run the seed from its start") from None
+    return searcher, progress
 
 
 def peer_seed(args, seed: int, out: Path) -> bool:
@@ -201,6 +254,7 @@ def peer_seed(args, seed: int, out: Path) -> bool:
                "--out", str(out), "--steps", str(args.steps), "--workers", str(args.workers),
                "--peer", args.peer, "--peer-popsize", str(args.peer_popsize),
                "--peer-max-speed", str(args.peer_max_speed), "--sigma", str(args.sigma),
+               "--peer-checkpoint-every", str(args.peer_checkpoint_every),
                "--learning-rate", str(args.learning_rate), "--eval-episodes", str(args.eval_episodes),
                "--hidden", ",".join(map(str, args.hidden))]
     if args.episode_steps is not None:
@@ -325,6 +379,7 @@ def main():
     parser.add_argument("--peer", choices=("pgpe-clipup", "openai-es"), default="pgpe-clipup")
     parser.add_argument("--peer-popsize", type=int, default=None)
     parser.add_argument("--peer-max-speed", type=float, default=0.15)
+    parser.add_argument("--peer-checkpoint-every", type=int, default=10)
     # what the peer child is told of fiberrl's settings (the parent reads them from the preset)
     parser.add_argument("--sigma", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--learning-rate", type=float, default=None, help=argparse.SUPPRESS)
@@ -338,6 +393,8 @@ def main():
     args = parser.parse_args()
     if args.eval_episodes < 1:
         parser.error("--eval-episodes must be at least 1 (the curves plot eval reward)")
+    if args.peer_checkpoint_every < 1:
+        parser.error("--peer-checkpoint-every must be at least 1")
 
     if args.peer_child:  # one evotorch seed, in the --peer-python interpreter
         evotorch_seed(args, args.seeds[0], args.out / "evotorch" / f"seed{args.seeds[0]}")

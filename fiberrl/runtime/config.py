@@ -79,6 +79,12 @@ class LocalSettings:
     local_fork_server: bool = True
     """Start local jobs by forking a process that has already imported the
     runtime (several times faster); false: a fresh interpreter per job."""
+    local_cpu_bound_per_core: float = 2.0
+    """When a local pool's workers outnumber its cores by more than this, chunks
+    of a CPU-bound task (one whose worker ran or waited for a core most of its
+    time) run on at most this many workers per core at once, and the others
+    wait: more would only share the cores more thinly.  Other tasks run on
+    every worker at once.  0: every task on every worker, as multiprocessing."""
 
 
 @dataclass
@@ -151,6 +157,7 @@ _LIMITS = {
     "schedule_timeout": _SECONDS_OR_NONE,
     "max_message_size": (lambda size: size >= 1, "a number of bytes >= 1"),
     "cpu_per_job": (lambda cpu: math.isfinite(cpu) and cpu >= 0, "a number of cores >= 0"),
+    "local_cpu_bound_per_core": (lambda n: math.isfinite(n) and n >= 0, "a number of workers per core >= 0"),
     "mem_per_job": (lambda mem: mem >= 0, "a number of MiB >= 0"),
     # the hub hands it to logging in upper case
     "log_level": (lambda level: level.upper() in logging.getLevelNamesMapping(),

@@ -30,6 +30,7 @@ from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
 from ..net.transport import CLOSED, OK
 from ..processes.process import Process, cpu_count
+from .cpu_gate import CpuGate, usable_cores
 from .results import PoolTerminated, Submission, WorkerLostError, with_remote_traceback
 from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
 
@@ -144,6 +145,8 @@ class Scheduler:
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
         self._local = resolve_name(get_config().backend) == "local"
+        per_core = get_config().local_cpu_bound_per_core
+        self._gate = CpuGate(max(1, round(per_core * usable_cores())) if self._local and per_core else 0)
         self._manager = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
         self._manager.start()
 
@@ -258,10 +261,11 @@ class Scheduler:
             if worker is None:
                 request.reply(CLOSED)
                 return  # from a worker already given up for lost: its chunks went elsewhere
-            for (chunk_id, ok), blob in zip(reports, parts[1:], strict=True):
+            for (chunk_id, ok, wall, share), blob in zip(reports, parts[1:], strict=True):
                 chunk = _pop_chunk(worker.inflight, chunk_id)
                 if chunk is None:
                     continue
+                self._gate.observe(chunk.func_id, wall, share)
                 if not worker.inflight:
                     self._working -= 1
                 worker.tasks_done += chunk.count
@@ -301,13 +305,22 @@ class Scheduler:
 
     def _dispatch(self) -> list:
         batches: dict[Worker, list[Chunk]] = {}
+        held = False
         while self._pending and (self._idle or self._busy):
+            if self._idle and self._gate.holds(self._pending[0].func_id, self._working, self.target_size):
+                # one more CPU-bound chunk running would only share the cores more thinly; nor is it
+                # queued behind a running one, which it would wait for if the gate lets go (below)
+                held = True
+                break
             if not self._idle and len(self._pending) <= self.target_size - self._working:
                 # the workers that have none (starting, or about to ask) take these: a second chunk
                 # held behind a running one would wait for it, and a task that blocks until the
                 # others start would wait for ever
                 break
-            worker = next(iter(self._idle or self._busy))  # idle workers first
+            if self._idle and self._gate.gates(self._pending[0].func_id, self.target_size):
+                worker = next(reversed(self._idle))  # the one idle for the shortest time: its memory is warm
+            else:
+                worker = next(iter(self._idle or self._busy))  # idle workers first
             chunk = self._pending.popleft()
             if not worker.inflight:
                 self._working += 1
@@ -315,6 +328,11 @@ class Scheduler:
             self._counts["in_flight"] += chunk.count
             batches.setdefault(worker, []).append(chunk)
             self._classify(worker)
+        if not held:
+            self._gate.held_since = None
+        elif self._gate.held_since is None:
+            self._gate.held_since = time.monotonic()
+            self._wake.notify_all()  # the manager watches for a stall
         replies = []
         backlog = bytes((bool(self._pending or self._lazy),))  # the worker asks again before it runs out
         for worker, chunks in batches.items():
@@ -344,15 +362,18 @@ class Scheduler:
             with self._lock:
                 starting = [w for w in self._workers.values() if w.stream_id is None]
                 if not self._needs_attention():
-                    self._wake.wait(0.5 if starting else None)
+                    self._wake.wait(self._next_check(starting))
                 if self.state == TERMINATE:
                     return
+                stalled = self._pending and self._gate.stalled(self._pending[0].func_id)
+                replies = self._dispatch() if stalled else []
                 lost, self._lost = list(self._lost), deque()
                 # workers that died before connecting: backend status is the only witness
                 lost += [w for w in starting if w.process.exitcode is not None and w.id in self._workers]
                 unreachable = self._none_connected_in_time(starting)
             for worker in lost:
                 self._handle_loss(worker)
+            _send(replies)
             if unreachable:
                 self._fail_everything(RuntimeError(self._broken))
             self._start_missing_workers()
@@ -367,6 +388,13 @@ class Scheduler:
                 if self.state == CLOSE and not self._workers:
                     return
             _send(replies)
+
+    def _next_check(self, starting: list[Worker]) -> float | None:
+        """How long the manager may sleep unwoken: it watches starting workers, and a gate holding chunks."""
+        waits = [0.5] if starting else []
+        if self._gate.held_since is not None and self._pending:
+            waits.append(self._gate.patience(self._pending[0].func_id))
+        return min(waits, default=None)
 
     def startup_limit(self) -> float:
         """Seconds a started worker may take to connect before it counts as unable to start."""

@@ -17,6 +17,16 @@ from .hub import PING
 from .parent_link import ParentLink
 
 ORPHAN_EXIT_CODE = 75
+# seconds between heartbeats once ``beat_less_often`` was called; None: the configured interval
+_slow_interval: float | None = None
+
+
+def beat_less_often(seconds: float) -> None:
+    """Check the parent every ``seconds`` (from the next check on) if that is longer than the configured
+    interval.  For one of many processes on a host: the parent's death is seen at once anyway, through
+    the link closing, and the heartbeat only catches a parent that hangs."""
+    global _slow_interval
+    _slow_interval = seconds
 
 
 def watch_parent(parent: ParentLink) -> threading.Thread:
@@ -29,7 +39,7 @@ def watch_parent(parent: ParentLink) -> threading.Thread:
 
 def _watch(parent: ParentLink, interval: float, timeout: float) -> None:
     while True:
-        parent.wait_lost(interval)
+        parent.wait_lost(max(interval, _slow_interval or 0.0))
         try:
             parent.request(PING, timeout=timeout)
         except (PeerGone, TimeoutError) as exc:
