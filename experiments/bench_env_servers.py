@@ -9,7 +9,11 @@ EnvPool engine against EnvPool used directly (one batch of the same envs,
 as many threads as the servers have together) and against AsyncVectorEnv,
 all three making the same envs (for Breakout: BreakoutNoFrameskip-v4 with
 the Atari preprocessing: fiberrl's wrappers for AsyncVectorEnv, EnvPool's own
-for both others), timed in alternating slices:
+for both others), timed in alternating slices.  A fourth stepper, servers
+that step nothing but answer with the same observations, times the round
+trip alone; "sync bound" is the most a synchronous step through servers can
+reach against EnvPool used directly, EnvPool's step time over itself plus
+that round trip:
 
     python experiments/bench_env_servers.py --engine envpool --envs breakout --num-envs 8 --servers 1,2
 
@@ -143,6 +147,44 @@ def remote_envpool_stepper(stack: contextlib.ExitStack, env: str, num_envs: int,
     return Stepper(lambda: envs.step(rng.integers(envs.single_action_space.n, size=num_envs)), num_envs)
 
 
+class NullEnvServer:
+    """An env server that does no env work: its step returns the same arrays each time."""
+
+    def __init__(self, obs_shape: tuple, obs_dtype: str, num_envs: int):
+        from fiberrl.rl.env_servers import ServerStep
+        self.result = ServerStep(np.zeros((num_envs, *obs_shape), obs_dtype), np.zeros(num_envs, np.float32),
+                                 np.zeros(num_envs, bool), np.zeros(num_envs, bool), {}, [], {})
+
+    def step(self, actions):
+        return self.result
+
+
+class NullServers(AsyncManager):
+    pass
+
+
+NullServers.register("Null", NullEnvServer)
+
+
+def null_servers_stepper(stack: contextlib.ExitStack, env: str, num_envs: int, servers: int) -> Stepper:
+    """What a synchronous step through ``servers`` env servers costs beyond the env work: the same
+    calls and the same observations as ``RemoteEnvs.step``, from servers that step nothing."""
+    from fiberrl.rl.envs import make_env as make_fiberrl_env
+    env_id, atari = ENGINE_ENVS[env]
+    space = make_fiberrl_env(env_id, atari=atari).observation_space
+    managers = [NullServers() for _ in range(servers)]
+    for manager in managers:
+        manager.start()
+        stack.callback(manager.shutdown)
+    nulls = [m.Null(space.shape, space.dtype.str, num_envs // servers) for m in managers]
+    actions = np.zeros(num_envs // servers, np.int64)
+
+    def step():
+        return [h.get() for h in [null.step(actions) for null in nulls]]
+
+    return Stepper(step, num_envs)
+
+
 def envpool_stepper(stack: contextlib.ExitStack, env: str, num_envs: int, threads: int) -> Stepper:
     import envpool
 
@@ -168,10 +210,12 @@ def async_vector_stepper(stack: contextlib.ExitStack, env: str, num_envs: int) -
 
 
 def compare_engine(env: str, num_envs: int, servers: int, seconds: float, rounds: int) -> list[Stepper]:
-    """fiberrl's servers on EnvPool, EnvPool itself, AsyncVectorEnv: alternating slices."""
+    """fiberrl's servers on EnvPool, EnvPool itself, AsyncVectorEnv, servers that step nothing:
+    alternating slices."""
     with contextlib.ExitStack() as stack:
         steppers = [remote_envpool_stepper(stack, env, num_envs, servers),
-                    envpool_stepper(stack, env, num_envs, servers), async_vector_stepper(stack, env, num_envs)]
+                    envpool_stepper(stack, env, num_envs, servers), async_vector_stepper(stack, env, num_envs),
+                    null_servers_stepper(stack, env, num_envs, servers)]
         for _ in range(rounds):
             for stepper in steppers:
                 stepper.run(seconds / rounds)
@@ -216,16 +260,18 @@ def hosts_main(args) -> None:
 
 def engine_main(args) -> None:
     print(f"{'env':10} {'envs':>4} {'servers':>7} {'fiberrl+envpool':>15} {'envpool':>8} {'AsyncVectorEnv':>14} "
-          f"{'vs envpool':>17} {'vs AsyncVectorEnv':>17}")
+          f"{'vs envpool':>17} {'vs AsyncVectorEnv':>17} {'sync bound':>10}")
     for env in args.envs.split(","):
         for servers in map(int, args.servers.split(",")):
-            ours, pool, vector = compare_engine(env, args.num_envs, servers, args.seconds, args.rounds)
+            ours, pool, vector, null = compare_engine(env, args.num_envs, servers, args.seconds, args.rounds)
             cells = []
             for peer in (pool, vector):
                 low, high = paired_interval(ours, peer)
                 cells.append(f"{ours.rate() / peer.rate():5.2f} ({low:.2f}-{high:.2f})")
+            # a synchronous step through servers costs EnvPool's step plus a round trip that steps nothing
+            bound = null.rate() / (pool.rate() + null.rate())
             print(f"{env:10} {args.num_envs:4d} {servers:7d} {ours.rate():15.0f} {pool.rate():8.0f} "
-                  f"{vector.rate():14.0f} {cells[0]:>17} {cells[1]:>17}", flush=True)
+                  f"{vector.rate():14.0f} {cells[0]:>17} {cells[1]:>17} {bound:10.2f}", flush=True)
 
 
 def compare(env_id: str, n: int, seconds: float, rounds: int) -> tuple[Stepper, Stepper]:

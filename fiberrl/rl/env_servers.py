@@ -251,6 +251,7 @@ class RemoteEnvs:
         if servers < 1 or envs_per_server < 1:
             raise ValueError(f"{servers} servers of {envs_per_server} envs: each needs at least one")
         self.spec, self.seed, self.timeout = spec, seed, timeout
+        self.replayable = spec.engine != "envpool"  # whether history() can rebuild the envs: kept only then
         self.num_servers, self.envs_per_server = servers, envs_per_server
         self.num_envs = servers * envs_per_server
         self.restarts = 0
@@ -308,8 +309,9 @@ class RemoteEnvs:
 
     def send(self, k: int, actions: np.ndarray) -> None:
         """Have server ``k`` step its envs with ``actions`` (theirs only); ``receive(k)`` collects it."""
-        for slot, action in zip(self.slots(k), actions, strict=True):
-            self._actions[slot].append(action.copy())
+        if self.replayable:
+            for slot, action in zip(self.slots(k), actions, strict=True):
+                self._actions[slot].append(action.copy())
         try:
             self._pending[k] = self.servers[k].step(actions)
         except ManagerError as exc:  # already gone: it could not even be sent the call
@@ -322,7 +324,8 @@ class RemoteEnvs:
             if isinstance(handle, ManagerError):
                 raise handle
             part = handle.get(self.timeout)
-            self._record(k, part)
+            if self.replayable:
+                self._record(k, part)
         except (ManagerError, TimeoutError) as exc:
             part = self._replace(k, exc)
         base = self.slots(k).start
@@ -334,7 +337,7 @@ class RemoteEnvs:
     def history(self) -> list[SlotHistory] | None:
         """Each slot's ``SlotHistory``; None for EnvPool, which cannot replay one (a resume starts its
         envs afresh)."""
-        if self.spec.engine == "envpool":
+        if not self.replayable:
             return None
         return [SlotHistory(self._episode[i], np.array(self._actions[i]), np.array(self._life_resets[i], np.int64),
                             self._starts[i]) for i in range(self.num_envs)]
