@@ -169,11 +169,6 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                     env=dict(name="bipedal_walker", id=ENV_ID), seed=seed, workers=args.workers)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
-    problem = GymNE(env=ENV_ID, network=network, observation_normalization=True, num_episodes=1,
-                    episode_length=args.episode_steps, num_actors=args.workers)
-    # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
-    # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
-    searcher = PGPE(problem, **searcher_settings)
     train_s, wall_before, iteration, timesteps = 0.0, 0.0, 0, 0
     checkpoint = run_dir / "checkpoint.pkl"
     if checkpoint.exists():
@@ -182,6 +177,12 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
         iteration, train_s, wall_before, timesteps = (saved[k] for k in ("iteration", "train_s", "wall_s",
                                                                            "timesteps"))
         print(f"evotorch seed {seed}: resumed at iteration {iteration}, {timesteps:,} steps", flush=True)
+    else:
+        problem = GymNE(env=ENV_ID, network=network, observation_normalization=True, num_episodes=1,
+                        episode_length=args.episode_steps, num_actors=args.workers)
+        # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
+        # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
+        searcher = PGPE(problem, **searcher_settings)
     kept = [row for row in read_metrics(run_dir) if row["iteration"] < iteration]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept))
     began = time.perf_counter() - wall_before

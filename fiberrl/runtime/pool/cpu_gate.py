@@ -1,15 +1,16 @@
 """How many CPU-bound chunks a local pool runs at once.
 
 A pool of 1024 local workers on 2 cores that gives each a CPU-bound chunk
-has 1024 runnable processes: each core then switches among 500 cold
-processes, and the same work takes 1.3x as long as on 16 (measured with
-bare forked processes too, so it is the kernel's price, not the pool's).
-So when a local pool's workers outnumber its cores by more than
+has 1024 runnable processes, each core switching among 500 cold ones (bare
+forked processes doing the same work took 1.3x as long as 16 of them); and
+16 workers on 2 cores are already 8 a core.  So when a local pool's workers outnumber its cores by more than
 ``local_cpu_bound_per_core``, chunks of a function seen to be CPU-bound go
 to at most that many workers per core at once, and the other workers wait
 for them, as Ray's CPU accounting would have it; chunks of any other
 function (I/O, sleeps, locks: what many workers are for) go to every
-worker at once, as in multiprocessing.
+worker at once, as in multiprocessing.  Measured, an ES iteration on
+BipedalWalker (population 2048, 2 cores): 26.3 s against 29.5 s on 16
+workers, 28.6 s against 30.0 s on 1024.
 
 A function is CPU-bound when the worker's thread spent most of its recent
 chunks running or waiting for a core (``ChunkClock``); a function not seen

@@ -34,8 +34,8 @@ W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
 # 6 million context switches and 46 s of kernel time an iteration at 5 ms, 0.3 million and 7 s at 0.1 s
 OVERSUBSCRIBED_SWITCH_INTERVAL = 0.1
 # seconds between an oversubscribed local worker's checks of its parent: 1024 workers checking once a
-# second, each a cold process woken and answered, took an ES iteration on BipedalWalker on 2 cores from
-# 28.6 s to 29.9 s, and to 39.4 s where every worker had a task at once
+# second, each a cold process woken and answered, made an ES iteration on BipedalWalker on 2 cores take
+# 29.9 s instead of 28.6 s, and 39.4 s instead of 30.0 s where every worker had a task at once
 OVERSUBSCRIBED_HEARTBEAT = 10.0
 WORKER_ID = struct.Struct("<q")
 # a batch's first part: one byte, whether more work is waiting, then for each
