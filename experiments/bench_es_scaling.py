@@ -39,6 +39,11 @@ workers grow, with population 2048 (4096 episodes per iteration).
     processes is what many processes cost the kernel and the caches on these
     cores, whatever runs them; (a)'s ratio above it is the framework's.
 
+A local pool whose workers outnumber the cores runs a CPU-bound function, as
+ES's episodes are, on at most two workers a core (the runtime setting
+local_cpu_bound_per_core): from its second iteration part (a) measures that.
+FIBERRL_LOCAL_CPU_BOUND_PER_CORE=0 measures every worker running at once.
+
 In parts (a) and (b) the first iteration also waits for the workers to start, so it is
 left out; after it each run maps short sleeps until every worker has served
 one (so that no worker is still starting, on these 2 cores, in the iterations
