@@ -605,6 +605,7 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
     try:
         policy = make_policy(values.get("policy", algo.get("policy", "mlp")), env.observation_space,
                              env.action_space, values.get("hidden", algo.get("hidden", [64, 64])))
+        episode_steps = env.spec.max_episode_steps  # the cap its evals ran to
     finally:
         env.close()
     policy.set_params(arrays["theta"])
@@ -612,7 +613,7 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
     def episode(env, seed: int, on_step=None) -> tuple[float, int]:
         total, steps, _ = run_episode(env, policy, obs_mean, obs_std, obs_clip, seed, on_step=on_step)
         return total, steps
-    return LoadedPolicy(policy, episode, obs_mean, obs_std, obs_clip)
+    return LoadedPolicy(policy, episode, obs_mean, obs_std, obs_clip, episode_steps)
 
 
 ALGORITHM = Algorithm(

@@ -26,6 +26,9 @@ class LoadedPolicy:
     obs_mean: Any = None
     obs_std: Any = None
     obs_clip: float | None = None
+    # the step cap its algorithm scores it under, where that is not the run's (ES's adaptive cap grows to
+    # the env's limit); None: the run's algo.episode_steps, else the env's limit
+    episode_steps: int | None = None
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,10 @@ def _load(run_dir, which: str) -> Loaded:
         described = f"best policy (iteration {values.get('iteration', '?')}, {detail})"
     else:
         described = f"checkpoint {path.name} (iteration {values.get('iteration', '?')})"
-    return Loaded(env_config(config), policy, described)
+    environment = env_config(config)
+    if policy.episode_steps is not None:
+        environment["max_episode_steps"] = policy.episode_steps
+    return Loaded(environment, policy, described)
 
 
 def load_policy(run_dir, which: str = "best"):

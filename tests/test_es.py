@@ -258,6 +258,18 @@ def test_an_adaptive_cap_needs_a_starting_cap_and_leaves_the_eval_episodes_to_th
     assert eval_episode_steps(fixed.algo, fixed.env) == 100
 
 
+def test_a_run_with_an_adaptive_cap_is_evaluated_to_the_env_limit_and_one_with_a_fixed_cap_to_its_cap(tmp_path):
+    """fiberrl.evaluate scores a policy under the cap its run scored it under: a starting cap of 10
+    steps is not what a walker that learnt under a cap grown to 1,600 is judged by."""
+    from fiberrl.evaluate import evaluate, load_policy
+    _train(tmp_path, "adaptive", ["workers=1", "algo.iterations=1", "algo.episode_steps=10",
+                                  "algo.episode_steps_growth=2"])
+    _train(tmp_path, "fixed", ["workers=1", "algo.iterations=1", "algo.episode_steps=10"])
+    assert load_policy(tmp_path / "adaptive")[0]["max_episode_steps"] == 500  # CartPole's own limit
+    assert load_policy(tmp_path / "fixed")[0]["max_episode_steps"] == 10
+    assert max(length for _, length in evaluate(tmp_path / "fixed", episodes=3, seed=0)) <= 10
+
+
 def test_torch_policy_runs(tmp_path):
     summary = _train(tmp_path, "torch", ["workers=1", "algo.policy=torch_mlp", "algo.iterations=2"])
     assert summary["iterations"] == 2 and summary["theta"].dtype == np.float32

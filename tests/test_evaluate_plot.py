@@ -85,7 +85,7 @@ def test_evaluate_runs_the_asked_episodes_and_repeats_for_a_seed(tmp_path):
 def test_load_policy_returns_the_saved_policy(tmp_path):
     run = make_run(tmp_path / "run")
     environment, policy, obs_mean, obs_std, obs_clip = load_policy(run, "latest")
-    assert environment == dict(id="CartPole-v1", kwargs={}, max_episode_steps=None)
+    assert environment == dict(id="CartPole-v1", kwargs={}, max_episode_steps=500)  # the limit its evals ran to
     assert policy.num_params == 4 * 8 + 8 + 8 * 2 + 2
     np.testing.assert_allclose(obs_mean, 0.0)
     np.testing.assert_allclose(obs_std, 1.0)
