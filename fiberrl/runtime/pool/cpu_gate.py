@@ -67,7 +67,7 @@ class CpuGate:
         self.limit = limit
         self._loads: dict[int, FunctionLoad] = {}
         self._released: set[int] = set()
-        self.held_since: float | None = None  # when the gate last held a chunk back, while it still does
+        self._held_since: float | None = None  # when the gate began holding chunks back, while it still does
         self.last_result = time.monotonic()
 
     def observe(self, func_id: int, wall: float, share: float) -> None:
@@ -87,9 +87,18 @@ class CpuGate:
         load = self._loads.get(func_id)
         return load is not None and load.cpu_bound
 
-    def holds(self, func_id: int, working: int, workers: int) -> bool:
-        """Whether a chunk of ``func_id`` must wait while ``working`` of the pool's ``workers`` have chunks."""
-        return working >= self.limit and self.gates(func_id, workers)
+    def holding(self, held: bool) -> bool:
+        """A dispatch held chunks back, or not; whether that began a spell of holding them."""
+        if not held:
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+            return True
+        return False
+
+    def is_holding(self) -> bool:
+        return self._held_since is not None
 
     def patience(self, func_id: int) -> float:
         load = self._loads.get(func_id)
@@ -98,9 +107,9 @@ class CpuGate:
     def stalled(self, func_id: int) -> bool:
         """Whether the chunks held back for ``func_id`` have waited past its patience with none
         coming back; if so it is let through from now on."""
-        if self.held_since is None:
+        if self._held_since is None:
             return False
-        waited = time.monotonic() - max(self.last_result, self.held_since)
+        waited = time.monotonic() - max(self.last_result, self._held_since)
         if waited < self.patience(func_id):
             return False
         self._released.add(func_id)

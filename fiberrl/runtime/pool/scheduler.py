@@ -307,7 +307,8 @@ class Scheduler:
         batches: dict[Worker, list[Chunk]] = {}
         held = False
         while self._pending and (self._idle or self._busy):
-            if self._idle and self._gate.holds(self._pending[0].func_id, self._working, self.target_size):
+            gated = bool(self._idle) and self._gate.gates(self._pending[0].func_id, self.target_size)
+            if gated and self._working >= self._gate.limit:
                 # one more CPU-bound chunk running would only share the cores more thinly; nor is it
                 # queued behind a running one, which it would wait for if the gate lets go (below)
                 held = True
@@ -317,7 +318,7 @@ class Scheduler:
                 # held behind a running one would wait for it, and a task that blocks until the
                 # others start would wait for ever
                 break
-            if self._idle and self._gate.gates(self._pending[0].func_id, self.target_size):
+            if gated:
                 worker = next(reversed(self._idle))  # the one idle for the shortest time: its memory is warm
             else:
                 worker = next(iter(self._idle or self._busy))  # idle workers first
@@ -328,10 +329,7 @@ class Scheduler:
             self._counts["in_flight"] += chunk.count
             batches.setdefault(worker, []).append(chunk)
             self._classify(worker)
-        if not held:
-            self._gate.held_since = None
-        elif self._gate.held_since is None:
-            self._gate.held_since = time.monotonic()
+        if self._gate.holding(held):
             self._wake.notify_all()  # the manager watches for a stall
         replies = []
         backlog = bytes((bool(self._pending or self._lazy),))  # the worker asks again before it runs out
@@ -392,7 +390,7 @@ class Scheduler:
     def _next_check(self, starting: list[Worker]) -> float | None:
         """How long the manager may sleep unwoken: it watches starting workers, and a gate holding chunks."""
         waits = [0.5] if starting else []
-        if self._gate.held_since is not None and self._pending:
+        if self._gate.is_holding() and self._pending:
             waits.append(self._gate.patience(self._pending[0].func_id))
         return min(waits, default=None)
 
