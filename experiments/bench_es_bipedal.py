@@ -28,8 +28,9 @@ of its searcher (which takes its problem's observation statistics and its
 actors' step counts with it, as evotorch pickles itself) and of the random
 generators, written every --peer-checkpoint-every iterations.
 
-Per seed: final and best eval reward, env steps, wall time, env steps per
-second; a table of both frameworks, the ratio of their env steps/s, and one
+Per seed: final and best eval reward, the env steps and wall time at which
+the eval reward first reached 250 (the policy walks the course), env steps,
+wall time, env steps per second; a table of both frameworks, the ratio of their env steps/s, and one
 PNG with eval reward against env steps and against wall time (every seed).
 
     python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -76,6 +78,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 ENV_ID = "BipedalWalker-v3"
+WALKS = 250.0  # the eval reward of a policy that walks the course, as the benchmark counts it
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -273,8 +276,10 @@ def summarize(framework: str, seed: int, run_dir: Path, wall_key: str) -> dict |
         return None
     last = metrics[-1]
     evals = [m["eval_reward"] for m in metrics if m.get("eval_reward") is not None]
+    walking = next((m for m in metrics if (m.get("eval_reward") or -math.inf) >= WALKS), None)
     row = dict(framework=framework, seed=seed, iterations=len(metrics), final_eval=evals[-1] if evals else None,
                best_eval=max(evals) if evals else None, steps=last["timesteps"], wall_s=last[wall_key],
+               walks_at_steps=walking and walking["timesteps"], walks_at_s=walking and walking[wall_key],
                run_dir=str(run_dir))
     row["steps_per_s"] = row["steps"] / row["wall_s"]
     if wall_key != "time_s":  # evotorch: also without its main-process evals
@@ -291,12 +296,14 @@ def report(rows: list[dict], out: Path, args) -> None:
     print(f"\nBipedalWalker-v3, {args.steps:,} env steps per seed, {args.workers} workers; fiberrl: "
           f"+experiment={args.preset} {' '.join(args.set)} (population {args.population} pairs); evotorch: "
           f"{args.peer}, popsize {args.peer_popsize}")
-    print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} {'env steps':>11} "
-          f"{'wall s':>8} {'steps/s':>8} {'steps/s w/o eval':>17}")
+    print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} "
+          f"{f'eval>={WALKS:.0f} at':>15} {'env steps':>11} {'wall s':>8} {'steps/s':>8} {'steps/s w/o eval':>17}")
     for r in rows:
+        walks = (f"{r['walks_at_steps'] / 1e6:.1f}M, {r['walks_at_s'] / 60:.0f} min"
+                 if r.get("walks_at_steps") is not None else "-")
         print(f"{r['framework']:<10} {r['seed']:>4} {r['iterations']:>6} {fmt(r['final_eval'], '10.1f')} "
-              f"{fmt(r['best_eval'], '10.1f')} {r['steps']:>11,} {r['wall_s']:>8.0f} {r['steps_per_s']:>8.0f} "
-              f"{fmt(r.get('train_steps_per_s'), '17.0f')}")
+              f"{fmt(r['best_eval'], '10.1f')} {walks:>15} {r['steps']:>11,} {r['wall_s']:>8.0f} "
+              f"{r['steps_per_s']:>8.0f} {fmt(r.get('train_steps_per_s'), '17.0f')}")
     by = {name: [r for r in rows if r["framework"] == name] for name in ("fiberrl", "evotorch")}
     means = {}
     for name, group in by.items():
@@ -340,6 +347,8 @@ def draw(rows: list[dict], path: Path, args) -> None:
     axes[1].set_xlabel("wall time (s)")
     axes[0].set_ylabel("eval reward (unperturbed policy)")
     for ax in axes:
+        ax.axhline(WALKS, color="grey", linestyle="--", linewidth=1,
+                   label=f"walks ({WALKS:.0f})" if ax is axes[0] else None)
         ax.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize="small")
     seeds = sorted({r["seed"] for r in rows})
