@@ -296,7 +296,7 @@ def test_presets_hold_cleanrls_and_the_zoos_settings():
             walker.algo.num_minibatches, walker.algo.update_epochs, walker.algo.gamma, walker.algo.clip_coef,
             walker.algo.ent_coef, walker.algo.norm_obs, walker.algo.norm_reward, walker.algo.learning_rate) == \
         ("ppo", "BipedalWalker-v3", 32, 2048, 64, 10, 0.999, 0.18, 0.0, True, True, 3e-4)
-    assert (walker.algo.anneal_lr, walker.algo.log_std_init, walker.algo.eval_deterministic) == (False, -1.0, True)
+    assert (walker.algo.anneal_lr, walker.algo.log_std_init, walker.algo.eval_deterministic) == (False, -0.5, True)
     assert compose(["+experiment=ppo_cartpole"]).algo.clip_coef == 0.2
 
 
