@@ -30,8 +30,9 @@ generators, written every --peer-checkpoint-every iterations.
 
 Per seed: final and best eval reward, the env steps and wall time at which
 the eval reward first reached 250 (the policy walks the course), env steps,
-wall time, env steps per second; a table of both frameworks, the ratio of their env steps/s, and one
-PNG with eval reward against env steps and against wall time (every seed).
+wall time, env steps per second; a table of both frameworks, the ratio of
+their env steps/s, and one PNG with eval reward against env steps and
+against wall time (every seed).
 
     python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
     python experiments/bench_es_bipedal.py --steps 20000 --seeds 0                   # smoke test
