@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -277,7 +276,7 @@ def summarize(framework: str, seed: int, run_dir: Path, wall_key: str) -> dict |
         return None
     last = metrics[-1]
     evals = [m["eval_reward"] for m in metrics if m.get("eval_reward") is not None]
-    walking = next((m for m in metrics if (m.get("eval_reward") or -math.inf) >= WALKS), None)
+    walking = next((m for m in metrics if m.get("eval_reward") is not None and m["eval_reward"] >= WALKS), None)
     row = dict(framework=framework, seed=seed, iterations=len(metrics), final_eval=evals[-1] if evals else None,
                best_eval=max(evals) if evals else None, steps=last["timesteps"], wall_s=last[wall_key],
                walks_at_steps=walking and walking["timesteps"], walks_at_s=walking and walking[wall_key],
