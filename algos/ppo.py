@@ -636,7 +636,7 @@ def env_spec(cfg) -> EnvSpec:
     atari = bool(env.get("atari", False))
     return EnvSpec(env.id, dict(env.kwargs), env.max_episode_steps, atari,
                    env_engine(env.get("engine", "auto"), env.id, dict(env.kwargs), env.max_episode_steps, atari),
-                   int(env.get("envpool_threads", 1)))
+                   int(env.get("envpool_threads", 1)), bool(env.get("new_env_per_episode", True)))
 
 
 def env_engine(requested: str, env_id: str, kwargs: dict, max_episode_steps: int | None, atari: bool) -> str:

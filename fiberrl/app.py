@@ -27,7 +27,8 @@ NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init")
                                ("algo", "sigma_decay"): 1.0, ("algo", "sigma_min"): 0.0,
                                ("algo", "episodes_per_eval"): 1, ("algo", "episode_steps_growth"): 1.0,
                                ("algo", "episode_steps_grow_at"): 0.5, ("env", "engine"): "auto",
-                               ("env", "envpool_threads"): 1, ("algo", "async_rollouts"): False}
+                               ("env", "envpool_threads"): 1, ("env", "new_env_per_episode"): True,
+                               ("algo", "async_rollouts"): False}
 
 
 def fingerprint(cfg) -> dict:

@@ -29,6 +29,9 @@ class EnvConfig:
     # what steps PPO's env servers' envs: gymnasium, envpool, or auto (envpool when installed and it has the env)
     engine: str = "auto"
     envpool_threads: int = 1            # EnvPool's threads per env server
+    # PPO's env servers play each episode in an env made for it, so that a resume replays it exactly (an
+    # env can keep state its reset does not clear); false for an env too slow to make once an episode
+    new_env_per_episode: bool = True
 
 
 # what each field may hold beyond its type (fiberrl.validation), checked before a run starts
@@ -40,6 +43,7 @@ ENV_RULES = {
     "atari": ANY,                       # whether the algorithm applies it: fiberrl.app.validate
     "engine": one_of("auto", "gymnasium", "envpool"),
     "envpool_threads": at_least(1),
+    "new_env_per_episode": ANY,
 }
 
 

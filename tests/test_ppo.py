@@ -125,6 +125,62 @@ def test_history_rebuilds_breakout_envs_exactly_through_lost_lives():
         rebuilt.close()
 
 
+def test_history_rebuilds_bipedal_walker_envs_exactly_after_earlier_episodes():
+    """BipedalWalker's Box2D world keeps state that its reset does not clear: after two episodes in
+    one env, a third drifts apart from the same episode in a fresh env from its first step.  Each
+    episode in an env made for it is what makes its replay exact."""
+    spec = EnvSpec("BipedalWalker-v3")
+    standing = np.zeros((1, 4), np.float32)  # falls after ~120 steps: three episodes in 400 steps
+    envs = RemoteEnvs(spec, servers=1, envs_per_server=1, seed=5)
+    try:
+        envs.reset()
+        episodes = 0
+        while episodes < 2:
+            episodes += len(envs.step(standing).episodes)
+        for _ in range(30):
+            envs.step(standing)
+        history = envs.history()
+        rest = [envs.step(standing).obs for _ in range(60)]
+    finally:
+        envs.close()
+    assert history[0].episode == 2 and len(history[0].actions) == 30
+    rebuilt = RemoteEnvs(spec, servers=1, envs_per_server=1, seed=5, history=history)
+    try:
+        rebuilt.reset()
+        assert all(np.array_equal(rebuilt.step(standing).obs, o) for o in rest)
+    finally:
+        rebuilt.close()
+
+
+def test_an_env_that_ends_before_its_recorded_episode_starts_a_new_one(caplog):
+    """An env that is not a function of its seed and actions (its episode length differs in each
+    process) cannot be replayed: where it ends early it starts its next episode, and the record
+    follows, instead of stepping on past its end."""
+    spec = EnvSpec("ppo_toy_env:Drifting-v0")
+    envs = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=0)
+    try:
+        envs.reset()
+        for _ in range(4):
+            envs.step(np.zeros(2, np.int64))
+        history = envs.history()
+    finally:
+        envs.close()
+    assert [len(h.actions) for h in history] == [4, 4]
+    ppo_toy_env.drift_lengths(2)  # the next processes' episodes end after 2 steps: the replays cannot reach 4
+    rebuilt = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=0, history=history)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fiberrl"):
+            obs = rebuilt.reset()
+        assert obs[:, 0].tolist() == [0, 0]  # new episodes, not steps past an end
+        assert "envs [0, 1] ended before their recorded episodes did" in caplog.text
+        assert [(h.episode, len(h.actions)) for h in rebuilt.history()] == [(1, 0), (1, 0)]
+        step = rebuilt.step(np.zeros(2, np.int64))
+        assert step.obs[:, 0].tolist() == [1, 1] and not step.terminated.any()
+    finally:
+        rebuilt.close()
+        ppo_toy_env.drift_lengths(None)
+
+
 # --- whole runs -------------------------------------------------------------------
 
 def test_cartpole_is_solved_with_two_env_servers(tmp_path):

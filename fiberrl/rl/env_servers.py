@@ -20,7 +20,11 @@ episode with a seed derived from (run seed, slot, generation, k), whichever
 server holds it.  An Atari emulator is not reseeded per episode (reloading
 the game costs ~70 ms, as much as 150 steps): its episodes after the first
 start from a snapshot of the emulator taken before their reset
-(``fiberrl.rl.atari.snapshot``, ~15 KB), which the server reports.  An episode
+(``fiberrl.rl.atari.snapshot``, ~15 KB), which the server reports.  Every other
+episode is played in an env made for it (``EnvSpec.new_env_per_episode``):
+a reused env can carry state that its reset does not clear (BipedalWalker's
+Box2D world does, and an episode replayed in a fresh one drifts apart from
+its first step).  An episode
 is thus a function of its seed or snapshot and its actions; ``RemoteEnvs``
 records both for every slot, and ``history()`` rebuilds every env's state
 exactly in new servers (``RemoteEnvs(..., history=...)`` replays it): that is
@@ -71,6 +75,10 @@ class EnvSpec:
     atari: bool = False
     engine: str = "gymnasium"          # or "envpool": the server's envs as one EnvPool batch (envpool_engine)
     threads: int = 1                   # EnvPool's threads per server
+    # each (non-Atari) episode in an env made for it, so that a replay can rebuild it: one make an episode,
+    # ~3 ms for BipedalWalker against up to 1600 steps of ~0.2 ms, but ~0.1 ms for CartPole against ~20
+    # steps of ~0.02 ms (its config turns it off: its reset sets all its state)
+    new_env_per_episode: bool = True
 
     def make(self, render_mode: str | None = None) -> gym.Env:
         """The env with its episode statistics in ``info["episode"]`` at each episode's end."""
@@ -129,6 +137,7 @@ class EnvServer:
     def __init__(self, spec: EnvSpec, seed: int, slots: list[int], generation: int = 0):
         self.spec, self.seed, self.slots, self.generation = spec, seed, list(slots), generation
         self.envs = [spec.make() for _ in self.slots]
+        self.stepped = [False] * len(self.envs)  # since it was made: a new episode then needs a new env
         self.episode = [0] * len(self.envs)
         space = self.envs[0].observation_space
         self.obs_dtype = space.dtype if isinstance(space, gym.spaces.Box) else np.float32
@@ -137,11 +146,21 @@ class EnvServer:
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.envs[0].observation_space, self.envs[0].action_space
 
-    def reset(self, history: list[SlotHistory] | None = None) -> np.ndarray:
-        """The first observations; with ``history``, those of the rebuilt envs."""
-        if history is None:
-            return self._batch([self._new_episode(i) for i in range(len(self.envs))])
-        return self._batch([self._replay(i, h) for i, h in enumerate(history)])
+    def reset(self) -> np.ndarray:
+        """The first observations."""
+        return self._batch([self._new_episode(i) for i in range(len(self.envs))])
+
+    def replay(self, history: list[SlotHistory]) -> tuple[np.ndarray, list[int]]:
+        """The observations of the envs rebuilt from ``history``, and the envs that ended before their
+        record did (an env that is not a function of its seed and actions): each of those starts its
+        next episode instead of stepping on past its end."""
+        obs, ended = [], []
+        for i, h in enumerate(history):
+            o, whole = self._replay(i, h)
+            obs.append(o)
+            if not whole:
+                ended.append(i)
+        return self._batch(obs), ended
 
     def step(self, actions) -> ServerStep:
         n = len(self.envs)
@@ -149,6 +168,7 @@ class EnvServer:
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
         final, episodes, starts = {}, [], {}
         for i, env in enumerate(self.envs):
+            self.stepped[i] = True
             o, rewards[i], terminated[i], truncated[i], info = env.step(self._action(actions[i]))
             if terminated[i] or truncated[i]:
                 if truncated[i] and not terminated[i]:
@@ -174,10 +194,14 @@ class EnvServer:
         return int(action) if self.discrete else np.asarray(action)
 
     def _new_episode(self, i: int):
+        if self.stepped[i] and self.spec.new_env_per_episode and not self.spec.atari:
+            self.envs[i].close()
+            self.envs[i], self.stepped[i] = self.spec.make(), False
         obs, _ = self.envs[i].reset(seed=episode_seed(self.seed, self.slots[i], self.generation, self.episode[i]))
         return obs
 
     def _replay(self, i: int, history: SlotHistory):
+        """(the env's observation, whether all of ``history`` was replayed)."""
         self.episode[i] = history.episode
         if history.start is None:
             obs = self._new_episode(i)
@@ -189,10 +213,14 @@ class EnvServer:
             while resets and resets[0] == k:
                 obs, _ = self.envs[i].reset()
                 resets.pop(0)
-            obs, *_ = self.envs[i].step(self._action(action))
+            self.stepped[i] = True
+            obs, _, terminated, truncated, _ = self.envs[i].step(self._action(action))
+            if (terminated or truncated) and not (resets and resets[0] == k + 1):
+                self.episode[i] += 1  # the recorded episode went on from here: this one cannot
+                return self._new_episode(i), False
         for _ in resets:  # a life lost on the last step
             obs, _ = self.envs[i].reset()
-        return obs
+        return obs, True
 
     def _batch(self, obs: list) -> np.ndarray:
         return np.stack(obs).astype(self.obs_dtype, copy=False)
@@ -200,7 +228,7 @@ class EnvServer:
 
 class EnvPoolServer(EnvServer):
     """An env server whose envs are one EnvPool batch (``fiberrl.rl.envpool_engine``).  It keeps no
-    history to replay: ``reset(history)`` starts every env afresh, from its slot's seed."""
+    history to replay (``RemoteEnvs`` never asks it to)."""
 
     def __init__(self, spec: EnvSpec, seed: int, slots: list[int], generation: int = 0):
         from .envpool_engine import EnvPoolBatch
@@ -211,7 +239,7 @@ class EnvPoolServer(EnvServer):
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.batch.observation_space, self.batch.action_space
 
-    def reset(self, history: list[SlotHistory] | None = None) -> np.ndarray:
+    def reset(self) -> np.ndarray:
         return self.batch.reset()
 
     def step(self, actions) -> ServerStep:
@@ -236,7 +264,7 @@ class EnvServerManager(AsyncManager):
     batch_scheduling = False
 
 
-EnvServerManager.register("EnvServer", make_env_server, exposed=("spaces", "reset", "step", "close"))
+EnvServerManager.register("EnvServer", make_env_server, exposed=("spaces", "reset", "replay", "step", "close"))
 
 
 class RemoteEnvs:
@@ -258,7 +286,7 @@ class RemoteEnvs:
         self.generations = list(generations) if generations is not None else [0] * servers
         if history is not None and len(history) != self.num_envs:
             raise ValueError(f"a history of {len(history)} envs cannot rebuild {self.num_envs}")
-        self._history = history
+        self._history = history if self.replayable else None  # EnvPool cannot replay: its envs start afresh
         self._episode = [h.episode for h in history] if history else [0] * self.num_envs
         self._actions = [list(h.actions) for h in history] if history else [[] for _ in range(self.num_envs)]
         self._life_resets = ([list(h.life_resets) for h in history] if history
@@ -285,9 +313,19 @@ class RemoteEnvs:
     def reset(self) -> np.ndarray:
         """The first observations (when made with a history: those of the rebuilt envs)."""
         history, self._history = self._history, None
-        handles = [server.reset(None if history is None else [history[i] for i in self.slots(k)])
-                   for k, server in enumerate(self.servers)]
-        self._obs = np.concatenate([h.get(self.timeout) for h in handles])
+        if history is None:
+            self._obs = np.concatenate([h.get(self.timeout) for h in [server.reset() for server in self.servers]])
+            return self._obs.copy()
+        handles = [server.replay([history[i] for i in self.slots(k)]) for k, server in enumerate(self.servers)]
+        parts = [h.get(self.timeout) for h in handles]
+        ended = [k * self.envs_per_server + i for k, (_, indices) in enumerate(parts) for i in indices]
+        for slot in ended:
+            self._episode[slot] += 1
+            self._actions[slot], self._life_resets[slot], self._starts[slot] = [], [], None
+        if ended:
+            log.warning("envs %s ended before their recorded episodes did (an env that is not a function of its "
+                        "seed and actions?): they start new episodes", ended)
+        self._obs = np.concatenate([obs for obs, _ in parts])
         return self._obs.copy()
 
     def step_async(self, actions: np.ndarray) -> None:
