@@ -8,9 +8,9 @@ of ``[t, L]`` (the return the episode would have without the time limit, which
 bootstrapping estimates) is ``(1 - gamma**(L - t)) / (1 - gamma)``.
 
 ``Drifting-v0``: an env that is not a function of its seed and actions, for
-replays that cannot rebuild it: the observation is ``[t]``, and its episodes
-end after 10 steps, or after the length ``drift_lengths(n)`` set for the
-processes that make it later (a file, so that env servers see it too).
+replays that cannot rebuild it: the observation is ``[t]``, and an episode
+ends after 10 steps, or after the length ``drift_lengths(n)`` last set when
+it began (a file, so that env servers see it too).
 """
 import os
 import tempfile

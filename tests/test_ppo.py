@@ -153,10 +153,11 @@ def test_history_rebuilds_bipedal_walker_envs_exactly_after_earlier_episodes():
 
 
 def test_an_env_that_ends_before_its_recorded_episode_starts_a_new_one(caplog):
-    """An env that is not a function of its seed and actions (its episode length differs in each
-    process) cannot be replayed: where it ends early it starts its next episode, and the record
+    """An env that is not a function of its seed and actions (its episodes' length changed since they
+    were played) cannot be replayed: where it ends early it starts its next episode, and the record
     follows, instead of stepping on past its end."""
     spec = EnvSpec("ppo_toy_env:Drifting-v0")
+    ppo_toy_env.drift_lengths(None)  # episodes of 10 steps, whatever an earlier run left
     envs = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=0)
     try:
         envs.reset()
@@ -166,7 +167,7 @@ def test_an_env_that_ends_before_its_recorded_episode_starts_a_new_one(caplog):
     finally:
         envs.close()
     assert [len(h.actions) for h in history] == [4, 4]
-    ppo_toy_env.drift_lengths(2)  # the next processes' episodes end after 2 steps: the replays cannot reach 4
+    ppo_toy_env.drift_lengths(2)  # episodes now end after 2 steps: the replays cannot reach 4
     rebuilt = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=0, history=history)
     try:
         with caplog.at_level(logging.WARNING, logger="fiberrl"):
