@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -401,6 +402,8 @@ def main():
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--peer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # a SIGTERM (kill, pkill) then stops the run in progress too: subprocess.run kills its child on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.eval_episodes < 1:
         parser.error("--eval-episodes must be at least 1 (the curves plot eval reward)")
     if args.peer_checkpoint_every < 1:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -243,6 +244,8 @@ def main():
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--peer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # a SIGTERM (kill, pkill) then stops the run in progress too: subprocess.run kills its child on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     batch = ZOO["n_envs"] * ZOO["n_steps"]
     if args.steps < batch:
         parser.error(f"--steps must be at least one update's {batch:,} steps")
