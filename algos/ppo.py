@@ -104,6 +104,8 @@ class Config:
     reward_clip: float = 10.0          # normalised rewards are clipped to +-reward_clip
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP sizes for vector observations
     log_std_init: float = 0.0          # the Gaussian policy's log std at the start (Box actions), as SB3's
+    std_never_rises: bool = False      # each update may lower the Gaussian's std but not raise it (Box actions):
+                                       # late in a run a rising std can walk the mean action off what it found
     device: str = "auto"               # the learner's: "auto" (cuda when there is one), "cpu", "cuda"
     checkpoint_every: int = 50         # updates between checkpoints (and one at the end)
     eval_every: int = 100              # updates between evaluations of the policy (0: none)
@@ -141,6 +143,7 @@ RULES = {
     "reward_clip": positive(),
     "hidden": layer_sizes(),
     "log_std_init": finite(),
+    "std_never_rises": ANY,
     "device": one_of("auto", "cpu", "cuda"),
     "checkpoint_every": at_least(1),
     "eval_every": at_least(0).because("0: no evaluation"),
@@ -298,6 +301,10 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
     """``update_epochs`` passes of minibatch steps on the clipped objective; returns the losses."""
     size = batch["obs"].shape[0]
     minibatch = size // algo.num_minibatches
+    log_std = agent.actor_logstd if algo.std_never_rises and getattr(agent, "continuous", False) else None
+    # capped once per update, not per minibatch step: capping each step would keep every chance fall of the
+    # noisy step and drop every rise, and walk the std down to nothing (seen: std 0.6 -> 0.06 in 3.5M steps)
+    log_std_before = log_std.detach().clone() if log_std is not None else None
     clipfracs = []
     for _epoch in range(algo.update_epochs):
         order = torch.as_tensor(rng.permutation(size), device=batch["obs"].device)
@@ -332,6 +339,9 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             optimizer.step()
         if algo.target_kl is not None and approx_kl > algo.target_kl:
             break
+    if log_std is not None:
+        with torch.no_grad():
+            torch.minimum(log_std, log_std_before, out=log_std)
 
     y_pred, y_true = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
     var_y = np.var(y_true)

@@ -1,8 +1,9 @@
 """PPO on BipedalWalker-v3 for 5M environment steps: fiberrl's preset
 (``+experiment=ppo_bipedal_walker``: rl-baselines3-zoo's settings on 2 env
-servers of 16 envs, its Gaussian starting at std e^-0.5) against the peer, Stable-Baselines3's PPO with the zoo's
-hyperparameters (32 envs in a DummyVecEnv as the zoo makes them, VecNormalize
-with gamma 0.999), the same seeds, one after the other on this machine.
+servers of 16 envs, its Gaussian starting at std e^-0.5, a std that never
+rises, an annealed learning rate) against the peer, Stable-Baselines3's PPO
+with the zoo's hyperparameters (32 envs in a DummyVecEnv as the zoo makes
+them, VecNormalize with gamma 0.999), the same seeds, one after the other on this machine.
 
 Per seed: the final policy's mean return over --eval-episodes episodes (100:
 gymnasium's "solved" is a mean of 300 over 100 episodes), evaluated on its

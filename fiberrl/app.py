@@ -28,7 +28,8 @@ NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init")
                                ("algo", "episodes_per_eval"): 1, ("algo", "episode_steps_growth"): 1.0,
                                ("algo", "episode_steps_grow_at"): 0.5, ("env", "engine"): "auto",
                                ("env", "envpool_threads"): 1, ("env", "new_env_per_episode"): True,
-                               ("algo", "async_rollouts"): False}
+                               ("algo", "async_rollouts"): False,
+                               ("algo", "std_never_rises"): False}
 
 
 def fingerprint(cfg) -> dict:

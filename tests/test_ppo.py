@@ -353,7 +353,8 @@ def test_presets_hold_cleanrls_and_the_zoos_settings():
             walker.algo.num_minibatches, walker.algo.update_epochs, walker.algo.gamma, walker.algo.clip_coef,
             walker.algo.ent_coef, walker.algo.norm_obs, walker.algo.norm_reward, walker.algo.learning_rate) == \
         ("ppo", "BipedalWalker-v3", 32, 2048, 64, 10, 0.999, 0.18, 0.0, True, True, 3e-4)
-    assert (walker.algo.anneal_lr, walker.algo.log_std_init, walker.algo.eval_deterministic) == (False, -0.5, True)
+    assert (walker.algo.anneal_lr, walker.algo.log_std_init, walker.algo.std_never_rises,
+            walker.algo.eval_deterministic) == (True, -0.5, True, True)
     assert compose(["+experiment=ppo_cartpole"]).algo.clip_coef == 0.2
 
 
@@ -394,6 +395,35 @@ def test_log_std_init_sets_the_gaussians_starting_std_and_leaves_older_fingerpri
     assert np.allclose(summary["agent"].actor_logstd.detach().numpy(), -1.5, atol=1e-4)
     assert "log_std_init" not in fingerprint(compose(["algo=ppo"]))["algo"]
     assert fingerprint(compose(["algo=ppo", "algo.log_std_init=-1"]))["algo"]["log_std_init"] == -1
+
+
+def test_std_never_rises_caps_each_updates_std_at_the_one_it_started_from():
+    import gymnasium as gym
+
+    from algos.ppo import Config, MLPAgent, ppo_update
+    from fiberrl.app import fingerprint
+
+    def log_std_after_update(never_rises: bool, advantage: str) -> np.ndarray:
+        torch.manual_seed(0)
+        agent = MLPAgent(3, gym.spaces.Box(-1.0, 1.0, (2,), np.float32), [16], log_std_init=-0.5)
+        obs = torch.randn(256, 3)
+        with torch.no_grad():
+            actions, logprobs, _, values = agent.get_action_and_value(obs)
+            distance = (actions - agent.actor(obs)).abs().sum(1)  # from the mean action
+        advantages = {"wide": distance, "narrow": -distance, "noise": torch.randn(256)}[advantage]
+        batch = {"obs": obs, "actions": actions, "logprobs": logprobs, "advantages": advantages,
+                 "returns": values.flatten(), "values": values.flatten()}
+        algo = Config(std_never_rises=never_rises, num_minibatches=16, update_epochs=4)
+        ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=1e-2), batch, algo, np.random.default_rng(0))
+        return agent.actor_logstd.detach().numpy()
+
+    assert (log_std_after_update(False, "wide") > -0.45).all() and (log_std_after_update(False, "narrow") < -0.55).all()
+    for advantage in ("wide", "narrow", "noise"):
+        # the update runs as without the option and only its end is capped: a cap on each minibatch's step
+        # would keep the noise's falls and drop its rises, and walk the std down
+        free = log_std_after_update(False, advantage)
+        assert np.array_equal(log_std_after_update(True, advantage), np.minimum(free, np.float32(-0.5))), advantage
+    assert "std_never_rises" not in fingerprint(compose(["algo=ppo"]))["algo"]
 
 
 def test_a_cpu_learner_steps_its_envs_on_one_torch_thread_and_updates_on_all(tmp_path):
