@@ -73,6 +73,8 @@ class ESSettings:
     sigma_decay: float = 1.0          # sigma is multiplied by this after each update (estool's OpenES: 0.999)...
     sigma_min: float = 0.0            # ...down to this (estool: 0.02)
     episodes_per_eval: int = 1        # episodes each side of a perturbation is scored over (their mean)
+    reward_clip: float | None = None  # a perturbation's score clips each step's reward to +-this (None: as is);
+    #                                   eval_reward never does (ARS's BipedalWalker: a fall's -100 costs -1)
 
 
 @dataclass
@@ -109,6 +111,7 @@ SETTINGS_RULES = {
                                                        "sigma)"),
     "sigma_min": non_negative(),
     "episodes_per_eval": at_least(1),
+    "reward_clip": optional(positive(), "rewards as the env gives them"),
 }
 RULES = {
     **SETTINGS_RULES,
@@ -366,6 +369,7 @@ class EvaluatorSpec:
     noise_size: int
     obs_clip: float
     episodes_per_eval: int = 1
+    reward_clip: float | None = None
 
 
 class PairTask(NamedTuple):
@@ -432,11 +436,11 @@ class Evaluator:
         """``task``'s episodes on ``env`` around ``theta``, observations normalised with ``obs_mean``/``obs_std``."""
         def episode(seed: int, record: bool = False, max_steps: int | None = None):
             return run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed, record,
-                               max_steps=max_steps)
+                               max_steps=max_steps, reward_clip=self.spec.reward_clip)
 
         if isinstance(task, EvalTask):
             self.policy.set_params(theta)
-            reward, steps, _ = episode(task.seed)
+            reward, steps, _ = run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, task.seed)
             return EvalResult(reward, steps)
         eps = sigma * self.noise.get(task.noise_index, theta.size)
         seeds = range(task.seed, task.seed + self.spec.episodes_per_eval)
@@ -510,7 +514,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
 
     spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), eval_episode_steps(algo, cfg.env), algo.policy,
-                         list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval)
+                         list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval,
+                         algo.reward_clip)
     summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
     server = ParamServer()
     server.start()

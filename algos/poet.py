@@ -514,7 +514,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
 
     spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.es.policy,
                          list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.obs_clip,
-                         algo.es.episodes_per_eval)
+                         algo.es.episodes_per_eval, algo.es.reward_clip)
     server = ParamServer()
     server.start()
     pool = None

@@ -29,7 +29,7 @@ NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init")
                                ("algo", "episode_steps_grow_at"): 0.5, ("env", "engine"): "auto",
                                ("env", "envpool_threads"): 1, ("env", "new_env_per_episode"): True,
                                ("algo", "async_rollouts"): False,
-                               ("algo", "std_never_rises"): False}
+                               ("algo", "std_never_rises"): False, ("algo", "reward_clip"): None}
 
 
 def fingerprint(cfg) -> dict:

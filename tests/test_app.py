@@ -40,7 +40,8 @@ def test_overrides_are_typed_and_checked():
     assert cfg.env.id == "BipedalWalkerHardcore-v3"
     assert compose(["env=gym", "env.id=Acrobot-v1"]).env.name == "Acrobot-v1"
     preset = compose(["+experiment=es_bipedal_walker", "algo.population=8"])
-    assert (preset.env.id, preset.algo.population, preset.algo.episode_steps_growth) == ("BipedalWalker-v3", 8, 1.5)
+    assert (preset.env.id, preset.algo.population, preset.algo.episode_steps_growth, preset.algo.reward_clip) == (
+        "BipedalWalker-v3", 8, 1.5, 1.0)
     with pytest.raises(ConfigCompositionException) as misspelt:
         compose(["algo.sigmaa=0.1"])
     assert isinstance(misspelt.value.__cause__, ConfigAttributeError)

@@ -282,6 +282,21 @@ def test_continuous_actions_on_pendulum(tmp_path):
     assert summary["timesteps"] == 2 * 2 * 8 * 200  # two iterations of 8 mirrored pairs of 200 steps
 
 
+
+def test_reward_clip_bounds_each_step_of_the_perturbations_scores_and_leaves_eval_reward_as_the_env_gives_it(
+        tmp_path):
+    # Pendulum pays between -16.3 and 0 a step for 200 steps; a random policy's episode costs ~-1,200
+    settings = ["env=pendulum", "workers=2", "algo.population=8", "algo.iterations=2", "algo.eval_episodes=2", *SMALL]
+    clipped = run(compose([*settings, "algo.reward_clip=0.5"]), tmp_path / "clipped")
+    free = run(compose(settings), tmp_path / "free")
+    for m in _metrics(tmp_path / "clipped"):
+        assert -100 <= m["reward_min"] <= m["reward_max"] <= 0  # 200 steps of at least -0.5
+        assert m["eval_reward"] < -200
+    assert min(m["reward_min"] for m in _metrics(tmp_path / "free")) < -200
+    # the same first iteration's unperturbed policy, so the same eval episodes
+    assert _metrics(tmp_path / "clipped")[0]["eval_reward"] == _metrics(tmp_path / "free")[0]["eval_reward"]
+    assert not np.array_equal(clipped["theta"], free["theta"])
+
 def test_a_run_directory_is_not_silently_reused(tmp_path):
     _train(tmp_path, "once", ["workers=1", "algo.iterations=1"])
     with pytest.raises(ValueError, match="already holds a run; pass resume="):

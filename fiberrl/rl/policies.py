@@ -165,12 +165,12 @@ def make_policy(kind: str, observation_space: gym.Space, action_space: gym.Space
 
 
 def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, record: bool = False, on_step=None,
-                max_steps: int | None = None):
+                max_steps: int | None = None, reward_clip: float | None = None):
     """One episode of ``policy`` on observations normalised by ``obs_mean``/``obs_std``
-    and clipped to +-``obs_clip``, cut after ``max_steps`` steps when given.  Returns
-    (return, steps, observation sums): the sums, count included, only when ``record``,
-    for a running normaliser.  ``on_step()`` is called after the reset and after every
-    step (to render)."""
+    and clipped to +-``obs_clip``, cut after ``max_steps`` steps when given, each step's
+    reward clipped to +-``reward_clip`` when given.  Returns (return, steps, observation
+    sums): the sums, count included, only when ``record``, for a running normaliser.
+    ``on_step()`` is called after the reset and after every step (to render)."""
     obs, _ = env.reset(seed=int(seed))
     if on_step is not None:
         on_step()
@@ -184,7 +184,7 @@ def run_episode(env, policy, obs_mean, obs_std, obs_clip: float, seed: int, reco
             sums[2] += 1
         action = policy.act(np.clip((obs - obs_mean) / obs_std, -obs_clip, obs_clip))
         obs, reward, terminated, truncated, _ = env.step(action)
-        total += float(reward)
+        total += float(reward) if reward_clip is None else min(max(float(reward), -reward_clip), reward_clip)
         steps += 1
         done = terminated or truncated or steps == max_steps
         if on_step is not None:
