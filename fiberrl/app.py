@@ -38,9 +38,14 @@ def fingerprint(cfg) -> dict:
     record = algorithm(plain["algo"]["name"])
     kept = {k: v for k, v in plain.items() if k not in record.app_resume_may_change}
     kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in record.resume_may_change}
+    es_settings = kept["algo"].get("es")
     for (group, name), default in NEWER_THAN_SOME_CHECKPOINTS.items():
-        if name in kept.get(group, {}) and kept[group][name] == default:
-            del kept[group][name]
+        places = [kept.get(group, {})]
+        if group == "algo" and isinstance(es_settings, dict):
+            places.append(es_settings)  # POET's ES settings (algo.es.*) gained the same keys as algo=es's
+        for settings in places:
+            if name in settings and settings[name] == default:
+                del settings[name]
     return kept
 
 

@@ -159,6 +159,14 @@ def test_a_short_run_grows_the_population_and_resumes_to_the_same_result(tmp_pat
     assert [(i, e) for i, e, _ in resumed["pairs"]] == [(i, e) for i, e, _ in whole["pairs"]]
 
 
+def test_es_settings_newer_than_some_poet_checkpoints_leave_their_fingerprint_alone_at_their_defaults():
+    from fiberrl.app import fingerprint
+    newer = {"optimizer", "clipup_momentum", "max_speed", "sigma_decay", "sigma_min", "episodes_per_eval",
+             "reward_clip"}
+    assert not newer & set(fingerprint(compose(TINY))["algo"]["es"])  # so a checkpoint made before them resumes
+    assert fingerprint(compose(TINY + ["algo.es.reward_clip=1"]))["algo"]["es"]["reward_clip"] == 1
+
+
 def test_poet_refuses_another_env_in_one_line(tmp_path):
     with pytest.raises(UsageError, match="use env=terrain_walker, not env=cartpole"):
         run(compose(TINY + ["env=cartpole"]), tmp_path / "run")
