@@ -37,7 +37,7 @@ def _metrics(run_dir):
 
 
 def _parameters(summary):
-    return torch.nn.utils.parameters_to_vector(summary["agent"].parameters()).detach().numpy()
+    return torch.nn.utils.parameters_to_vector(summary["agent"].parameters()).detach().cpu().numpy()
 
 
 # --- advantages -------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_log_std_init_sets_the_gaussians_starting_std_and_leaves_older_fingerpri
                                             "algo.num_minibatches=1", "algo.update_epochs=1",
                                             "algo.total_timesteps=16", "algo.learning_rate=1e-6",
                                             "algo.log_std_init=-1.5"])
-    assert np.allclose(summary["agent"].actor_logstd.detach().numpy(), -1.5, atol=1e-4)
+    assert np.allclose(summary["agent"].actor_logstd.detach().cpu().numpy(), -1.5, atol=1e-4)
     assert "log_std_init" not in fingerprint(compose(["algo=ppo"]))["algo"]
     assert fingerprint(compose(["algo=ppo", "algo.log_std_init=-1"]))["algo"]["log_std_init"] == -1
 

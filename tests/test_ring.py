@@ -324,6 +324,50 @@ def test_members_carry_the_meta_resources(monkeypatch):
     assert [(s.cpu, s.mem, s.gpu) for s in specs] == [(1.5, 256, None)] * 2
 
 
+def _cuda_gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+needs_a_gpu = pytest.mark.skipif(_cuda_gpus() == 0, reason="needs a CUDA GPU: nccl runs on GPUs only")
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """The local backend hands out one GPU, whatever the machine has: members with meta(gpu=1) share it."""
+    from fiberrl.runtime.backends import get_backend
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    backend = get_backend("local")
+    monkeypatch.setattr(backend, "_gpus", None)
+    yield
+    backend._gpus = None
+
+
+def nccl_init(node):
+    node.init_process_group()
+
+
+@mp.meta(gpu=1)
+def sum_ranks_on_the_gpu(rank, size):
+    import torch
+    import torch.distributed as dist
+    t = torch.full((4,), float(rank + 1), device="cuda")
+    dist.all_reduce(t)
+    return dist.get_backend(), os.environ.get("CUDA_VISIBLE_DEVICES"), t.sum().item()
+
+
+@needs_a_gpu
+def test_a_member_with_meta_gpu_is_given_a_gpu_and_reduces_over_nccl(one_gpu):
+    assert Ring(1, sum_ranks_on_the_gpu, nccl_init).run() == [("nccl", "0", 4.0)]
+
+
+@needs_a_gpu
+def test_members_that_share_a_gpu_are_told_so_in_one_line_not_by_nccls_page(one_gpu):
+    with pytest.raises(RingError, match=r"ranks 0 and 1 share GPU \S+ on \S+, and NCCL needs a GPU per rank: run at "
+                                        r"most as many members per machine as it has GPUs, or init_process_group"):
+        Ring(2, sum_ranks_on_the_gpu, nccl_init).run()
+
+
 def test_importing_ring_does_not_import_torch(script_env):
     code = "import sys, fiberrl.runtime.ring; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([PYTHON, "-c", code], env=script_env, check=True, timeout=60)

@@ -98,8 +98,23 @@ class RingNode:
         if not isinstance(timeout, datetime.timedelta):
             timeout = datetime.timedelta(seconds=timeout)
         store = self._store(dist, timeout)
+        if backend == "nccl":
+            self._refuse_a_shared_gpu(store, torch)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
         self._owns_group = True
+
+    def _refuse_a_shared_gpu(self, store, torch) -> None:
+        """NCCL refuses two ranks on one GPU with a page of its own (members with meta(gpu=1) on a
+        machine of fewer GPUs than members share them); say it in one line, with what to do."""
+        gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        here = f"{self.members[self.rank].ip} {gpu}"
+        store.set(f"fiberrl/ring/gpu/{self.rank}", here)
+        for other in range(self.size):
+            if other != self.rank and store.get(f"fiberrl/ring/gpu/{other}").decode() == here:
+                first, second = sorted((self.rank, other))
+                raise RuntimeError(
+                    f"ranks {first} and {second} share GPU {gpu} on {self.members[self.rank].ip}, and NCCL needs a GPU "
+                    f"per rank: run at most as many members per machine as it has GPUs, or init_process_group('gloo')")
 
     def _store(self, dist, timeout: datetime.timedelta):
         return dist.TCPStore(self.master_addr, self.master_port, self.size, is_master=self.rank == 0,
