@@ -226,6 +226,23 @@ def test_a_plain_multiprocessing_child_uses_a_queue_and_a_pipe_of_the_run(method
     p.join(30)
 
 
+def put_and_end(q, x):
+    q.put(x)  # and end at once: multiprocessing's fork child then leaves by os._exit
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_what_a_plain_multiprocessing_child_puts_just_before_it_ends_arrives(method):
+    # its process ends past atexit; a third of these puts were lost with their fork children
+    ctx = multiprocessing.get_context(method)
+    q = mp.Queue()
+    for i in range(20):
+        p = ctx.Process(target=put_and_end, args=(q, i))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(q.get(timeout=10) for _ in range(20)) == list(range(20))
+
+
 def send_after(conn, item, delay):
     time.sleep(delay)
     conn.send(item)

@@ -12,6 +12,7 @@ import atexit
 import heapq
 import itertools
 import logging
+import multiprocessing.util
 import os
 import threading
 import time
@@ -228,6 +229,10 @@ def get_hub() -> Hub:
             # a forked child cannot use its parent's listeners and threads: start afresh
             _hub = Hub()
             atexit.register(shutdown_hub)
+            # a child of multiprocessing's fork or forkserver ends in os._exit, past atexit, but runs
+            # multiprocessing's finalizers: there too its puts reach their queues before it ends
+            # (exitpriority -100: after the other finalizers, which may still put)
+            multiprocessing.util.Finalize(None, shutdown_hub, exitpriority=-100)
         return _hub
 
 
