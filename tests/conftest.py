@@ -36,6 +36,14 @@ def no_leaked_children():
     assert not leftover, f"test left children running: {leftover}"
 
 
+def hand_out_gpus(monkeypatch, visible: str) -> None:
+    """The local backend hands out the GPUs ``visible`` names (CUDA_VISIBLE_DEVICES' form), whatever
+    the machine has; what it had read before comes back after the test."""
+    from fiberrl.runtime.backends import get_backend
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(get_backend("local"), "_gpus", None)
+
+
 @pytest.fixture
 def script_env():
     """Environment for running a script in a fresh interpreter that imports fiberrl."""

@@ -5,7 +5,7 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
-from fiberrl.runtime.backends import get_backend
+from conftest import hand_out_gpus
 
 
 @mp.meta(gpu=1, cpu=2, mem=512)
@@ -21,11 +21,7 @@ def greedy():
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    backend = get_backend("local")
-    monkeypatch.setattr(backend, "_gpus", None)
-    yield
-    backend._gpus = None
+    hand_out_gpus(monkeypatch, "0,1")
 
 
 def test_meta_recorded_in_jobspec_and_gpus_spread(two_gpus):

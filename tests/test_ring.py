@@ -9,7 +9,7 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
-from conftest import PYTHON, pid_alive, wait_until
+from conftest import PYTHON, hand_out_gpus, pid_alive, wait_until
 from fiberrl.runtime.pool.results import RemoteTraceback
 from fiberrl.runtime.ring import Ring, RingError, _listen
 
@@ -334,13 +334,8 @@ needs_a_gpu = pytest.mark.skipif(_cuda_gpus() == 0, reason="needs a CUDA GPU: nc
 
 @pytest.fixture
 def one_gpu(monkeypatch):
-    """The local backend hands out one GPU, whatever the machine has: members with meta(gpu=1) share it."""
-    from fiberrl.runtime.backends import get_backend
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    backend = get_backend("local")
-    monkeypatch.setattr(backend, "_gpus", None)
-    yield
-    backend._gpus = None
+    """Members with meta(gpu=1) share the one GPU the local backend hands out."""
+    hand_out_gpus(monkeypatch, "0")
 
 
 def nccl_init(node):
