@@ -478,7 +478,16 @@ def notifies_then_interrupts(condition, pid):
     os.kill(pid, signal.SIGINT)
 
 
-def test_ctrl_c_in_a_condition_wait_gives_the_lock_back_at_once():
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in a terminal.  A Python started with SIGINT
+    ignored (a shell's background job: `cmd &` in a script) installs no handler for it."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_a_condition_wait_gives_the_lock_back_at_once(ctrl_c_raises):
     """As multiprocessing's Condition (CPython's test_wait_result): the wait raises
     KeyboardInterrupt holding the lock, and the with block's release does not wait
     behind the manager's side of the wait (its 60 s)."""
