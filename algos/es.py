@@ -82,6 +82,7 @@ class Config(ESSettings):
     """The hyperparameters of ES (``ESSettings`` and the loop's); also the Hydra schema of ``algo=es``."""
     name: str = "es"
     iterations: int = 200             # ES updates to run (a resumed run continues up to this)
+    total_timesteps: int | None = None  # or stop after the update whose training episodes reach these env steps
     episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)...
     episode_steps_growth: float = 1.0  # ...or, above 1, the training episodes' starting cap (OpenAI's adaptive
     episode_steps_grow_at: float = 0.5  # cutoff): x growth whenever this share of them reach it
@@ -117,6 +118,7 @@ RULES = {
     **SETTINGS_RULES,
     "name": one_of("es").because("algo=<name> chooses the algorithm"),
     "iterations": at_least(1),
+    "total_timesteps": optional(at_least(1), "no budget of env steps"),
     "episode_steps": optional(at_least(1), "the env's own limit"),
     "episode_steps_growth": Rule(lambda growth: growth >= 1, "must be a number >= 1 (1: a fixed cap)"),
     "episode_steps_grow_at": Rule(lambda share: 0 < share <= 1, "must be a number in (0, 1]"),
@@ -525,6 +527,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         for iteration in range(start, algo.iterations):
+            if algo.total_timesteps is not None and timesteps >= algo.total_timesteps:
+                break  # a resumed run whose budget was spent
             t0 = time.perf_counter()
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
@@ -568,7 +572,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                                               hidden=list(algo.hidden), obs_clip=algo.obs_clip))
             run.log(metrics)
             solved = algo.stop_reward is not None and eval_reward is not None and eval_reward >= algo.stop_reward
-            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved:
+            spent = algo.total_timesteps is not None and timesteps >= algo.total_timesteps
+            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved or spent:
                 arrays, values = es.state()
                 values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best,
                               episode_cap=episode_cap)
@@ -624,4 +629,4 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 ALGORITHM = Algorithm(
     name="es", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
     worker_modules=(__name__,),
-    resume_may_change=frozenset({"iterations", "checkpoint_every", "stop_reward", "chunksize"}))
+    resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}))

@@ -97,38 +97,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 # --- fiberrl --------------------------------------------------------------------
 
-class BudgetReached(Exception):
-    pass
-
-
 def fiberrl_overrides(args, seed: int) -> list[str]:
     return [f"+experiment={args.preset}", f"workers={args.workers}", f"seed={seed}", "tensorboard=false",
-            "algo.iterations=1000000", f"algo.eval_episodes={args.eval_episodes}",
+            "algo.iterations=1000000", f"algo.total_timesteps={args.steps}", f"algo.eval_episodes={args.eval_episodes}",
             f"algo.noise_size={args.noise_size}", *args.set]
 
 
 def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
+    """One seed's run, or the rest of it: a run whose budget is spent ends at once (its last checkpoint
+    is the policy at the budget)."""
     from fiberrl.app import run
     from fiberrl.config import compose
 
     overrides = fiberrl_overrides(args, seed)
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.npz")):
         overrides.append(f"resume={run_dir}")
-        metrics = read_metrics(run_dir)
-        if metrics and metrics[-1]["timesteps"] >= args.steps:
-            print(f"seed {seed} already ran its {args.steps:,} steps in {run_dir}", flush=True)
-            return
-    cfg = compose(overrides)
-
-    def stop_at_budget(iteration, pool):
-        metrics = read_metrics(run_dir)
-        if metrics and metrics[-1]["timesteps"] >= args.steps:
-            raise BudgetReached
-
-    try:
-        run(cfg, run_dir, on_iteration=stop_at_budget)
-    except BudgetReached:
-        pass
+    run(compose(overrides), run_dir)
 
 
 # --- evotorch (runs in a subprocess of --peer-python) ------------------------------

@@ -47,6 +47,7 @@ ES = [
     ("algo.stop_reward=nan", "algo.stop_reward"),
     ("algo.chunksize=0", "algo.chunksize"),
     ("algo.reward_clip=-1", "algo.reward_clip"),
+    ("algo.total_timesteps=0", "algo.total_timesteps"),
     ("env=pendulum algo.noise_size=4000", "algo.noise_size"),  # fewer numbers than Pendulum's policy has parameters
     ("algo.noise_size=1000000000000000", "algo.noise_size"),   # a 4 PB table: no host has the room
     ("algo.eval_episodes=0 algo.stop_reward=100", "algo.stop_reward"),

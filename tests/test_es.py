@@ -179,6 +179,24 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
             == [{k: v for k, v in m.items() if k not in strip} for m in _metrics(tmp_path / "parts")])
 
 
+def test_a_budget_of_env_steps_ends_the_run_at_the_update_that_reaches_it_with_a_checkpoint_of_it(tmp_path):
+    settings = ["workers=2", "algo.checkpoint_every=100", "algo.iterations=100", "seed=3"]
+    whole = _train(tmp_path, "whole", ["algo.total_timesteps=6000", *settings])
+    steps = [m["timesteps"] for m in _metrics(tmp_path / "whole")]
+    assert steps[-1] >= 6000 > steps[-2] and len(steps) < 100
+    assert whole["iterations"] == len(steps)
+    assert [p.name for p in (tmp_path / "whole" / "checkpoints").iterdir()] == [f"{len(steps) - 1:06d}.npz"]
+
+    _train(tmp_path, "parts", ["algo.total_timesteps=3000", *settings])
+    first = _metrics(tmp_path / "parts")
+    assert first[-1]["timesteps"] >= 3000 > first[-2]["timesteps"]
+    again = _train(tmp_path, "parts", ["algo.total_timesteps=3000", f"resume={tmp_path / 'parts'}", *settings])
+    assert _metrics(tmp_path / "parts") == first and again["iterations"] == len(first)  # its budget was spent
+    resumed = _train(tmp_path, "parts", ["algo.total_timesteps=6000", f"resume={tmp_path / 'parts'}", *settings])
+    assert np.array_equal(whole["theta"], resumed["theta"])
+    assert [m["timesteps"] for m in _metrics(tmp_path / "parts")] == steps
+
+
 def test_clipup_steps_along_the_normalised_gradient_with_momentum_up_to_its_speed_limit():
     from algos.es import ClipUp
     clipup = ClipUp(3, step_size=0.1, momentum=0.5, max_speed=0.12)
