@@ -519,6 +519,12 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                          list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval,
                          algo.reward_clip)
     summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
+
+    def budget_spent() -> bool:
+        return algo.total_timesteps is not None and timesteps >= algo.total_timesteps
+    if budget_spent():  # a resumed run whose budget was spent: no workers to start
+        run.console.print(f"{run.path} already ran its algo.total_timesteps={algo.total_timesteps}")
+        return dict(summary, theta=es.theta)
     server = ParamServer()
     server.start()
     pool = None
@@ -527,8 +533,6 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         for iteration in range(start, algo.iterations):
-            if algo.total_timesteps is not None and timesteps >= algo.total_timesteps:
-                break  # a resumed run whose budget was spent
             t0 = time.perf_counter()
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
@@ -572,7 +576,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                                               hidden=list(algo.hidden), obs_clip=algo.obs_clip))
             run.log(metrics)
             solved = algo.stop_reward is not None and eval_reward is not None and eval_reward >= algo.stop_reward
-            spent = algo.total_timesteps is not None and timesteps >= algo.total_timesteps
+            spent = budget_spent()
             if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved or spent:
                 arrays, values = es.state()
                 values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best,
@@ -584,6 +588,8 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                 on_iteration(iteration, pool)
             if solved:
                 run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={algo.stop_reward}")
+                break
+            if spent:
                 break
     finally:
         if pool is not None:
