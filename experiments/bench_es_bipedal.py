@@ -28,11 +28,14 @@ of its searcher (which takes its problem's observation statistics and its
 actors' step counts with it, as evotorch pickles itself) and of the random
 generators, written every --peer-checkpoint-every iterations.
 
-Per seed: final and best eval reward, the env steps and wall time at which
-the eval reward first reached 250 (the policy walks the course), env steps,
-wall time, env steps per second; a table of both frameworks, the ratio of
-their env steps/s, and one PNG with eval reward against env steps and
-against wall time (every seed).
+Per seed: final and best eval reward; the policy at the budget scored over 100
+episodes seeded 10000 on (final_score.json in the run's folder; fiberrl's last
+checkpoint as `python -m fiberrl.evaluate <run> --episodes 100 --seed 10000
+--checkpoint latest` scores it, evotorch's center with its observation
+normalisation); the env steps and wall time at which the eval reward first
+reached 250 (the policy walks the course); env steps, wall time, env steps per
+second; a table of both frameworks, the ratio of their env steps/s, and one PNG
+with eval reward against env steps and against wall time (every seed).
 
     python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
     python experiments/bench_es_bipedal.py --steps 20000 --seeds 0                   # smoke test
@@ -80,6 +83,8 @@ if str(REPO) not in sys.path:
 
 ENV_ID = "BipedalWalker-v3"
 WALKS = 250.0  # the eval reward of a policy that walks the course, as the benchmark counts it
+FINAL_EPISODES, FINAL_SEED = 100, 10_000  # the policy at the budget is scored over episodes seeded 10000, 10001, ...
+FINAL_SCORE = "final_score.json"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -113,6 +118,26 @@ def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.npz")):
         overrides.append(f"resume={run_dir}")
     run(compose(overrides), run_dir)
+    metrics = read_metrics(run_dir)
+    if metrics and metrics[-1]["timesteps"] >= args.steps and not (run_dir / FINAL_SCORE).exists():
+        from fiberrl.evaluate import evaluate
+        write_final_score(run_dir, evaluate(run_dir, FINAL_EPISODES, FINAL_SEED, which="latest"),
+                          metrics[-1]["timesteps"])
+
+
+def write_final_score(run_dir: Path, results: list[tuple[float, int]], timesteps: int) -> None:
+    """The policy at the budget over FINAL_EPISODES episodes: [(return, length)] -> final_score.json."""
+    returns, lengths = [r for r, _ in results], [n for _, n in results]
+    score = dict(timesteps=timesteps, episodes=len(results), first_seed=FINAL_SEED, mean=statistics.mean(returns),
+                 std=statistics.pstdev(returns), mean_length=statistics.mean(lengths), returns=returns)
+    (run_dir / FINAL_SCORE).write_text(json.dumps(score, indent=1))
+    print(f"{run_dir}: the policy at {timesteps:,} steps scores {score['mean']:.1f} ± {score['std']:.1f} over "
+          f"{len(results)} episodes (mean length {score['mean_length']:.0f})", flush=True)
+
+
+def read_final_score(run_dir: Path) -> dict | None:
+    path = run_dir / FINAL_SCORE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 # --- evotorch (runs in a subprocess of --peer-python) ------------------------------
@@ -199,7 +224,28 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                 save_evotorch_checkpoint(checkpoint, searcher, dict(iteration=iteration, train_s=train_s,
                                                                     wall_s=time.perf_counter() - began,
                                                                     timesteps=timesteps))
+    if timesteps >= args.steps and not (run_dir / FINAL_SCORE).exists():
+        policy = problem.to_policy(searcher.status["center"])  # with its observation normalisation, actions clipped
+        write_final_score(run_dir, [evotorch_episode(policy, args.episode_steps, FINAL_SEED + i)
+                                    for i in range(FINAL_EPISODES)], timesteps)
     ray.shutdown()
+
+
+def evotorch_episode(policy, max_steps: int | None, seed: int) -> tuple[float, int]:
+    """(return, length) of one episode of an evotorch policy, reset with ``seed`` as fiberrl.evaluate does."""
+    import gymnasium as gym
+    import torch
+
+    env = gym.make(ENV_ID) if max_steps is None else gym.make(ENV_ID, max_episode_steps=max_steps)
+    observation, _ = env.reset(seed=seed)
+    total, steps, done = 0.0, 0, False
+    with torch.no_grad():
+        while not done:
+            action = policy(torch.as_tensor(observation, dtype=torch.float32)).numpy()
+            observation, reward, terminated, truncated, _ = env.step(action)
+            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+    env.close()
+    return total, steps
 
 
 def save_evotorch_checkpoint(path: Path, searcher, progress: dict) -> None:
@@ -265,7 +311,7 @@ def summarize(framework: str, seed: int, run_dir: Path, wall_key: str) -> dict |
     row = dict(framework=framework, seed=seed, iterations=len(metrics), final_eval=evals[-1] if evals else None,
                best_eval=max(evals) if evals else None, steps=last["timesteps"], wall_s=last[wall_key],
                walks_at_steps=walking and walking["timesteps"], walks_at_s=walking and walking[wall_key],
-               run_dir=str(run_dir))
+               run_dir=str(run_dir), final_100=read_final_score(run_dir))
     row["steps_per_s"] = row["steps"] / row["wall_s"]
     if wall_key != "time_s":  # evotorch: also without its main-process evals
         row["train_s"] = last["time_s"]
@@ -282,12 +328,15 @@ def report(rows: list[dict], out: Path, args) -> None:
           f"+experiment={args.preset} {' '.join(args.set)} (population {args.population} pairs); evotorch: "
           f"{args.peer}, popsize {args.peer_popsize}")
     print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} "
-          f"{f'eval>={WALKS:.0f} at':>15} {'env steps':>11} {'wall s':>8} {'steps/s':>8} {'steps/s w/o eval':>17}")
+          f"{f'eval>={WALKS:.0f} at':>15} {f'{FINAL_EPISODES} episodes':>15} {'env steps':>11} {'wall s':>8} "
+          f"{'steps/s':>8} {'steps/s w/o eval':>17}")
     for r in rows:
         walks = (f"{r['walks_at_steps'] / 1e6:.1f}M, {r['walks_at_s'] / 60:.0f} min"
                  if r.get("walks_at_steps") is not None else "-")
+        scored = r["final_100"]
+        scored = f"{scored['mean']:.1f} ± {scored['std']:.1f}" if scored else "-"
         print(f"{r['framework']:<10} {r['seed']:>4} {r['iterations']:>6} {fmt(r['final_eval'], '10.1f')} "
-              f"{fmt(r['best_eval'], '10.1f')} {walks:>15} {r['steps']:>11,} {r['wall_s']:>8.0f} "
+              f"{fmt(r['best_eval'], '10.1f')} {walks:>15} {scored:>15} {r['steps']:>11,} {r['wall_s']:>8.0f} "
               f"{r['steps_per_s']:>8.0f} {fmt(r.get('train_steps_per_s'), '17.0f')}")
     by = {name: [r for r in rows if r["framework"] == name] for name in ("fiberrl", "evotorch")}
     means = {}
@@ -296,11 +345,15 @@ def report(rows: list[dict], out: Path, args) -> None:
             means[name] = {k: statistics.mean(r[k] for r in group) for k in ("steps_per_s", "wall_s")}
             finals = [r["final_eval"] for r in group if r["final_eval"] is not None]
             bests = [r["best_eval"] for r in group if r["best_eval"] is not None]
+            scored = [r["final_100"]["mean"] for r in group if r["final_100"]]
             if group[0].get("train_steps_per_s") is not None:
                 means[name]["train_steps_per_s"] = statistics.mean(r["train_steps_per_s"] for r in group)
             final = fmt(statistics.mean(finals), ".1f") if finals else "-"
             best = fmt(statistics.mean(bests), ".1f") if bests else "-"
+            scored = (f"{statistics.mean(scored):.1f} over {len(scored)} seed(s) scored at their budget"
+                      if scored else "none scored yet")
             print(f"{name:<10} mean over {len(group)} seed(s): final eval {final}, best eval {best}, "
+                  f"{FINAL_EPISODES} episodes of the policy at the budget {scored}, "
                   f"{means[name]['steps_per_s']:.0f} env steps/s, {means[name]['wall_s']:.0f} s")
     if "fiberrl" in means and "evotorch" in means:
         f, e = means["fiberrl"], means["evotorch"]
@@ -417,7 +470,7 @@ def main():
         else:
             for seed in args.seeds:
                 done = read_metrics(out / "evotorch" / f"seed{seed}")
-                if done and done[-1]["timesteps"] >= args.steps:
+                if done and done[-1]["timesteps"] >= args.steps and read_final_score(out / "evotorch" / f"seed{seed}"):
                     print(f"\nevotorch seed {seed} already ran its {args.steps:,} steps", flush=True)
                     continue
                 print(f"\nevotorch PGPE, seed {seed}, {args.steps:,} env steps, {args.workers} ray actors", flush=True)
