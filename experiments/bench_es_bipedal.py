@@ -345,13 +345,13 @@ def report(rows: list[dict], out: Path, args) -> None:
             means[name] = {k: statistics.mean(r[k] for r in group) for k in ("steps_per_s", "wall_s")}
             finals = [r["final_eval"] for r in group if r["final_eval"] is not None]
             bests = [r["best_eval"] for r in group if r["best_eval"] is not None]
-            scored = [r["final_100"]["mean"] for r in group if r["final_100"]]
+            scores = [r["final_100"]["mean"] for r in group if r["final_100"]]
             if group[0].get("train_steps_per_s") is not None:
                 means[name]["train_steps_per_s"] = statistics.mean(r["train_steps_per_s"] for r in group)
             final = fmt(statistics.mean(finals), ".1f") if finals else "-"
             best = fmt(statistics.mean(bests), ".1f") if bests else "-"
-            scored = (f"{statistics.mean(scored):.1f} over {len(scored)} seed(s) scored at their budget"
-                      if scored else "none scored yet")
+            scored = (f"{statistics.mean(scores):.1f} over {len(scores)} seed(s) scored at their budget"
+                      if scores else "none scored yet")
             print(f"{name:<10} mean over {len(group)} seed(s): final eval {final}, best eval {best}, "
                   f"{FINAL_EPISODES} episodes of the policy at the budget {scored}, "
                   f"{means[name]['steps_per_s']:.0f} env steps/s, {means[name]['wall_s']:.0f} s")
