@@ -40,6 +40,7 @@ with eval reward against env steps and against wall time (every seed).
     python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
     python experiments/bench_es_bipedal.py --steps 20000 --seeds 0                   # smoke test
     python experiments/bench_es_bipedal.py --no-peer --set algo.sigma=0.05           # a variant of the preset
+    python experiments/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python --speed-slices 3   # speed alone
 
 The peer runs in a subprocess of --peer-python (default: this interpreter),
 one per seed; when that interpreter cannot import evotorch, the peer is
@@ -61,6 +62,9 @@ Flags:
     --peer-python PATH interpreter for the evotorch peer (default: this one)
     --peer-checkpoint-every N  evotorch iterations between its checkpoints (default 10)
     --no-peer          run fiberrl only
+    --speed-slices K   instead of the learning runs: env steps/s of both in K alternating slices (fiberrl, then
+                       evotorch, K times), each a fresh run of --slice-steps steps (default 2,000,000) seeded
+                       from --seeds in turn; prints each slice and the ratio of the medians (speed_slices.json)
     --peer-only DIR    run only the peer, into the results folder DIR (which may hold fiberrl's runs)
     --out DIR          results folder (default experiments/results/es_bipedal/<timestamp>)
 """
@@ -119,7 +123,8 @@ def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
         overrides.append(f"resume={run_dir}")
     run(compose(overrides), run_dir)
     metrics = read_metrics(run_dir)
-    if metrics and metrics[-1]["timesteps"] >= args.steps and not (run_dir / FINAL_SCORE).exists():
+    at_budget = metrics and metrics[-1]["timesteps"] >= args.steps
+    if at_budget and not args.no_final_score and not (run_dir / FINAL_SCORE).exists():
         from fiberrl.evaluate import evaluate
         write_final_score(run_dir, evaluate(run_dir, FINAL_EPISODES, FINAL_SEED, which="latest"),
                           metrics[-1]["timesteps"])
@@ -224,7 +229,7 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                 save_evotorch_checkpoint(checkpoint, searcher, dict(iteration=iteration, train_s=train_s,
                                                                     wall_s=time.perf_counter() - began,
                                                                     timesteps=timesteps))
-    if timesteps >= args.steps and not (run_dir / FINAL_SCORE).exists():
+    if not args.no_final_score and timesteps >= args.steps and not (run_dir / FINAL_SCORE).exists():
         policy = problem.to_policy(searcher.status["center"])  # with its observation normalisation, actions clipped
         write_final_score(run_dir, [evotorch_episode(policy, args.episode_steps, FINAL_SEED + i)
                                     for i in range(FINAL_EPISODES)], timesteps)
@@ -294,9 +299,62 @@ def peer_seed(args, seed: int, out: Path) -> bool:
                "--hidden", ",".join(map(str, args.hidden))]
     if args.episode_steps is not None:
         command += ["--episode-steps", str(args.episode_steps)]
+    if args.no_final_score:
+        command.append("--no-final-score")
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path)
     return subprocess.run(command, env=env).returncode == 0
+
+
+# --- speed in alternating slices ------------------------------------------------------
+
+def slice_rate(run_dir: Path, time_key: str) -> float | None:
+    """Env steps/s of one slice from its metrics, from the end of its first iteration on (start-up left out)."""
+    metrics = read_metrics(run_dir)
+    if len(metrics) < 2:
+        return None
+    first, last = metrics[0], metrics[-1]
+    return (last["timesteps"] - first["timesteps"]) / (last[time_key] - first[time_key])
+
+
+def speed_slices(args, out: Path) -> None:
+    """Each framework's env steps/s in alternating slices (fiberrl, evotorch, fiberrl, ...), each a fresh run of
+    --slice-steps steps: a machine whose speed drifts over hours, as a shared one does, then weighs on both
+    alike, which runs of 50M steps one after the other cannot promise."""
+    import shutil
+    import tempfile
+
+    from peer_python import missing_imports  # beside this script
+    why = missing_imports(args.peer_python, ["evotorch", "ray", "torch"])
+    if why is not None:
+        raise SystemExit(f"--speed-slices needs the peer: {why} (pass --peer-python with an interpreter that has "
+                         f"evotorch; see this script's docstring)")
+    args.steps, args.no_final_score = args.slice_steps, True
+    rates = {"fiberrl": [], "evotorch": [], "evotorch w/o eval": []}
+    scratch = Path(tempfile.mkdtemp(prefix="es_speed_"))
+    try:
+        for k in range(args.speed_slices):
+            seed = args.seeds[k % len(args.seeds)]
+            fiberrl_seed(args, seed, scratch / "fiberrl" / f"slice{k}")
+            if not peer_seed(args, seed, scratch / f"peer{k}"):
+                raise SystemExit(f"the evotorch slice {k} failed (its output is above)")
+            peer_dir = scratch / f"peer{k}" / "evotorch" / f"seed{seed}"
+            rates["fiberrl"].append(slice_rate(scratch / "fiberrl" / f"slice{k}", "time_s"))
+            rates["evotorch"].append(slice_rate(peer_dir, "wall_s"))
+            rates["evotorch w/o eval"].append(slice_rate(peer_dir, "time_s"))
+            print(f"slice {k} (seed {seed}): " + ", ".join(f"{name} {fmt(r[-1], '.0f')}" for name, r in rates.items())
+                  + " env steps/s", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    medians = {name: statistics.median(r) for name, r in rates.items() if None not in r}
+    print(f"\n{args.speed_slices} alternating slices of {args.slice_steps:,} env steps, {args.workers} workers, "
+          f"medians: " + ", ".join(f"{name} {m:.0f}" for name, m in medians.items()) + " env steps/s")
+    if len(medians) == 3:
+        print(f"env steps/s, fiberrl / evotorch: {medians['fiberrl'] / medians['evotorch']:.2f} (evotorch's "
+              f"main-process evals counted), {medians['fiberrl'] / medians['evotorch w/o eval']:.2f} (left out)")
+    (out / "speed_slices.json").write_text(json.dumps(dict(slice_steps=args.slice_steps, workers=args.workers,
+                                                            seeds=args.seeds, rates=rates, medians=medians), indent=1))
+    print(f"figures: {out / 'speed_slices.json'}")
 
 
 # --- report ----------------------------------------------------------------------
@@ -437,6 +495,9 @@ def main():
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--peer-only", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--speed-slices", type=int, default=0)
+    parser.add_argument("--slice-steps", type=int, default=2_000_000)
+    parser.add_argument("--no-final-score", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # a SIGTERM (kill, pkill) then stops the run in progress too: subprocess.run kills its child on the way out
@@ -445,6 +506,8 @@ def main():
         parser.error("--eval-episodes must be at least 1 (the curves plot eval reward)")
     if args.peer_checkpoint_every < 1:
         parser.error("--peer-checkpoint-every must be at least 1")
+    if args.speed_slices < 0 or args.slice_steps < 1:
+        parser.error("--speed-slices must be 0 or more and --slice-steps at least 1")
 
     if args.peer_child:  # one evotorch seed, in the --peer-python interpreter
         evotorch_seed(args, args.seeds[0], args.out / "evotorch" / f"seed{args.seeds[0]}")
@@ -455,6 +518,9 @@ def main():
                                          / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"results in {out}", flush=True)
+    if args.speed_slices:
+        speed_slices(args, out)
+        return
     rows = []
     if args.peer_only is None:
         for seed in args.seeds:
