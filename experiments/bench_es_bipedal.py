@@ -289,6 +289,14 @@ def load_evotorch_checkpoint(path: Path, seed: int):
     return searcher, progress
 
 
+def peer_unavailable(args) -> str | None:
+    """Why --peer-python cannot run the peer, with what to do, or None when it can."""
+    from peer_python import missing_imports  # beside this script
+    why = missing_imports(args.peer_python, ["evotorch", "ray", "torch"])
+    return why and (f"{why} (pass --peer-python with an interpreter that has evotorch; see this script's "
+                    f"docstring)")
+
+
 def peer_seed(args, seed: int, out: Path) -> bool:
     command = [args.peer_python, str(Path(__file__).resolve()), "--peer-child", "--seeds", str(seed),
                "--out", str(out), "--steps", str(args.steps), "--workers", str(args.workers),
@@ -324,11 +332,9 @@ def speed_slices(args, out: Path) -> None:
     import shutil
     import tempfile
 
-    from peer_python import missing_imports  # beside this script
-    why = missing_imports(args.peer_python, ["evotorch", "ray", "torch"])
+    why = peer_unavailable(args)
     if why is not None:
-        raise SystemExit(f"--speed-slices needs the peer: {why} (pass --peer-python with an interpreter that has "
-                         f"evotorch; see this script's docstring)")
+        raise SystemExit(f"--speed-slices needs the peer: {why}")
     args.steps, args.no_final_score = args.slice_steps, True
     rates = {"fiberrl": [], "evotorch": [], "evotorch w/o eval": []}
     scratch = Path(tempfile.mkdtemp(prefix="es_speed_"))
@@ -528,11 +534,9 @@ def main():
             print(f"\nfiberrl ES, seed {seed}, {args.steps:,} env steps, {args.workers} workers", flush=True)
             fiberrl_seed(args, seed, run_dir)
     if not args.no_peer:
-        from peer_python import missing_imports  # beside this script
-        why = missing_imports(args.peer_python, ["evotorch", "ray", "torch"])
+        why = peer_unavailable(args)
         if why is not None:
-            print(f"\nthe evotorch peer was skipped: {why} (pass --peer-python with an interpreter that has "
-                  f"evotorch; see this script's docstring)", flush=True)
+            print(f"\nthe evotorch peer was skipped: {why}", flush=True)
         else:
             for seed in args.seeds:
                 done = read_metrics(out / "evotorch" / f"seed{seed}")
