@@ -341,11 +341,11 @@ def speed_slices(args, out: Path) -> None:
     try:
         for k in range(args.speed_slices):
             seed = args.seeds[k % len(args.seeds)]
-            fiberrl_seed(args, seed, scratch / "fiberrl" / f"slice{k}")
+            fiberrl_dir, peer_dir = scratch / "fiberrl" / f"slice{k}", scratch / f"peer{k}" / "evotorch" / f"seed{seed}"
+            fiberrl_seed(args, seed, fiberrl_dir)
             if not peer_seed(args, seed, scratch / f"peer{k}"):
                 raise SystemExit(f"the evotorch slice {k} failed (its output is above)")
-            peer_dir = scratch / f"peer{k}" / "evotorch" / f"seed{seed}"
-            rates["fiberrl"].append(slice_rate(scratch / "fiberrl" / f"slice{k}", "time_s"))
+            rates["fiberrl"].append(slice_rate(fiberrl_dir, "time_s"))
             rates["evotorch"].append(slice_rate(peer_dir, "wall_s"))
             rates["evotorch w/o eval"].append(slice_rate(peer_dir, "time_s"))
             print(f"slice {k} (seed {seed}): " + ", ".join(f"{name} {fmt(r[-1], '.0f')}" for name, r in rates.items())
@@ -358,6 +358,8 @@ def speed_slices(args, out: Path) -> None:
     if len(medians) == 3:
         print(f"env steps/s, fiberrl / evotorch: {medians['fiberrl'] / medians['evotorch']:.2f} (evotorch's "
               f"main-process evals counted), {medians['fiberrl'] / medians['evotorch w/o eval']:.2f} (left out)")
+    else:
+        print("no ratio: a slice ran fewer than 2 iterations, so its rate is unknown (raise --slice-steps)")
     (out / "speed_slices.json").write_text(json.dumps(dict(slice_steps=args.slice_steps, workers=args.workers,
                                                             seeds=args.seeds, rates=rates, medians=medians), indent=1))
     print(f"figures: {out / 'speed_slices.json'}")
