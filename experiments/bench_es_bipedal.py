@@ -12,6 +12,10 @@ online observation normalisation, one episode per solution, and the same tanh
 MLP as fiberrl's (tanh on the outputs too, for BipedalWalker's [-1, 1]
 actions).  --peer openai-es instead sets PGPE up as OpenAI's ES (a fixed
 standard deviation of fiberrl's sigma, Adam at fiberrl's learning rate).
+The peer learns from the env's own rewards, where a fall costs 100; with
+--peer-reward-clip C it learns, as fiberrl's preset does, from each step's
+reward clipped to +-C (gymnasium's ClipReward), and is evaluated on the env's
+own rewards all the same.
 evotorch's popsize counts solutions, so it is twice fiberrl's population
 (which counts mirrored pairs) unless --peer-popsize says otherwise.
 
@@ -59,6 +63,7 @@ Flags:
     --peer NAME        pgpe-clipup (default) or openai-es
     --peer-popsize N   evotorch's solutions per iteration (default: 2 x fiberrl's population)
     --peer-max-speed S ClipUp's max speed for the peer (default 0.15)
+    --peer-reward-clip C  the peer learns from each step's reward clipped to +-C (default: the env's own rewards)
     --peer-python PATH interpreter for the evotorch peer (default: this one)
     --peer-checkpoint-every N  evotorch iterations between its checkpoints (default 10)
     --no-peer          run fiberrl only
@@ -153,7 +158,27 @@ def network_string(hidden: list[int]) -> str:
     return " >> ".join(layers + [f"Linear({sizes[-1]}, act_length) >> Tanh()"])
 
 
+def clipped_walker(clip: float, **make_kwargs):
+    """The env whose rewards the peer learns from under --peer-reward-clip (module level: evotorch pickles its
+    env maker into its ray actors and into the checkpoint)."""
+    import gymnasium as gym
+    return gym.wrappers.ClipReward(gym.make(ENV_ID, **make_kwargs), -clip, clip)
+
+
+def evotorch_eval(problem, center, args, iteration: int) -> float:
+    """Mean return of the center over --eval-episodes episodes, on the env's own rewards: GymNE.run when the
+    peer learns from them too, else episodes of its policy on the unclipped env (seeded apart from the final
+    score's)."""
+    if args.peer_reward_clip is None:
+        return float(problem.run(center, num_episodes=args.eval_episodes, update_stats=False)["cumulative_reward"])
+    policy = problem.to_policy(center)
+    first = 1_000_000 + iteration * args.eval_episodes
+    return statistics.mean(evotorch_episode(policy, args.episode_steps, first + i)[0]
+                           for i in range(args.eval_episodes))
+
+
 def evotorch_seed(args, seed: int, run_dir: Path) -> None:
+    import functools
     import random
 
     import numpy as np
@@ -183,7 +208,7 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                                  symmetric=True)
     settings = dict(algo=dict(name=f"evotorch-{args.peer}", **searcher_settings, network=network,
                               observation_normalization=True, episode_length=args.episode_steps,
-                              eval_episodes=args.eval_episodes),
+                              reward_clip=args.peer_reward_clip, eval_episodes=args.eval_episodes),
                     env=dict(name="bipedal_walker", id=ENV_ID), seed=seed, workers=args.workers)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
@@ -196,7 +221,8 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
                                                                            "timesteps"))
         print(f"evotorch seed {seed}: resumed at iteration {iteration}, {timesteps:,} steps", flush=True)
     else:
-        problem = GymNE(env=ENV_ID, network=network, observation_normalization=True, num_episodes=1,
+        env = ENV_ID if args.peer_reward_clip is None else functools.partial(clipped_walker, args.peer_reward_clip)
+        problem = GymNE(env=env, network=network, observation_normalization=True, num_episodes=1,
                         episode_length=args.episode_steps, num_actors=args.workers)
         # seeded through torch's global generator (set above): evotorch 0.6.1's actors fail to start when the
         # problem has its own generator (problem.manual_seed: EvaluationActor calls a missing GymNE.seed)
@@ -211,12 +237,12 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
             t1 = time.perf_counter()
             status = searcher.status
             timesteps = int(status["total_interaction_count"])
-            evaluated = problem.run(status["center"], num_episodes=args.eval_episodes, update_stats=False)
+            eval_reward = evotorch_eval(problem, status["center"], args, iteration)
             eval_s = time.perf_counter() - t1
             train_s += t1 - t0
             row = dict(iteration=iteration, timesteps=timesteps, reward_mean=float(status["mean_eval"]),
                        reward_max=float(status["pop_best_eval"]),
-                       eval_reward=float(evaluated["cumulative_reward"]), time_s=train_s,
+                       eval_reward=eval_reward, time_s=train_s,
                        wall_s=time.perf_counter() - began, iteration_s=t1 - t0, eval_s=eval_s,
                        episodes=int(status["total_episode_count"]))
             log.write(json.dumps(row) + "\n")
@@ -307,6 +333,8 @@ def peer_seed(args, seed: int, out: Path) -> bool:
                "--hidden", ",".join(map(str, args.hidden))]
     if args.episode_steps is not None:
         command += ["--episode-steps", str(args.episode_steps)]
+    if args.peer_reward_clip is not None:
+        command += ["--peer-reward-clip", str(args.peer_reward_clip)]
     if args.no_final_score:
         command.append("--no-final-score")
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
@@ -385,6 +413,11 @@ def summarize(framework: str, seed: int, run_dir: Path, wall_key: str) -> dict |
     return row
 
 
+def peer_name(args) -> str:
+    clip = args.peer_reward_clip
+    return args.peer if clip is None else f"{args.peer}, rewards clipped to +-{clip:g}"
+
+
 def fmt(value, spec):
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
@@ -392,7 +425,7 @@ def fmt(value, spec):
 def report(rows: list[dict], out: Path, args) -> None:
     print(f"\nBipedalWalker-v3, {args.steps:,} env steps per seed, {args.workers} workers; fiberrl: "
           f"+experiment={args.preset} {' '.join(args.set)} (population {args.population} pairs); evotorch: "
-          f"{args.peer}, popsize {args.peer_popsize}")
+          f"{peer_name(args)}, popsize {args.peer_popsize}")
     print(f"{'framework':<10} {'seed':>4} {'iters':>6} {'final eval':>10} {'best eval':>10} "
           f"{f'eval>={WALKS:.0f} at':>15} {f'{FINAL_EPISODES} episodes':>15} {'env steps':>11} {'wall s':>8} "
           f"{'steps/s':>8} {'steps/s w/o eval':>17}")
@@ -442,7 +475,7 @@ def draw(rows: list[dict], path: Path, args) -> None:
         label = None
         if r["framework"] not in labelled:
             labelled.add(r["framework"])
-            label = {"fiberrl": "fiberrl ES", "evotorch": f"evotorch PGPE ({args.peer})"}[r["framework"]]
+            label = {"fiberrl": "fiberrl ES", "evotorch": f"evotorch PGPE ({peer_name(args)})"}[r["framework"]]
         wall = "time_s" if r["framework"] == "fiberrl" else "wall_s"
         for ax, x_key in zip(axes, ("timesteps", wall), strict=True):
             ax.plot([m[x_key] for m in metrics], [m["eval_reward"] for m in metrics], color=colors[r["framework"]],
@@ -493,6 +526,7 @@ def main():
     parser.add_argument("--peer", choices=("pgpe-clipup", "openai-es"), default="pgpe-clipup")
     parser.add_argument("--peer-popsize", type=int, default=None)
     parser.add_argument("--peer-max-speed", type=float, default=0.15)
+    parser.add_argument("--peer-reward-clip", type=float, default=None)
     parser.add_argument("--peer-checkpoint-every", type=int, default=10)
     # what the peer child is told of fiberrl's settings (the parent reads them from the preset)
     parser.add_argument("--sigma", type=float, default=None, help=argparse.SUPPRESS)
@@ -514,6 +548,8 @@ def main():
         parser.error("--eval-episodes must be at least 1 (the curves plot eval reward)")
     if args.peer_checkpoint_every < 1:
         parser.error("--peer-checkpoint-every must be at least 1")
+    if args.peer_reward_clip is not None and args.peer_reward_clip <= 0:
+        parser.error("--peer-reward-clip must be above 0 (leave it out for the env's own rewards)")
     if args.speed_slices < 0 or args.slice_steps < 1:
         parser.error("--speed-slices must be 0 or more and --slice-steps at least 1")
 
