@@ -69,7 +69,7 @@ Flags:
     --no-peer          run fiberrl only
     --speed-slices K   instead of the learning runs: env steps/s of both in K alternating slices (fiberrl, then
                        evotorch, K times), each a fresh run of --slice-steps steps (default 2,000,000) seeded
-                       from --seeds in turn; prints each slice and the ratio of the medians (speed_slices.json)
+                       from --seeds in turn; prints each slice, each slice's ratio and their median (speed_slices.json)
     --peer-only DIR    run only the peer, into the results folder DIR (which may hold fiberrl's runs)
     --out DIR          results folder (default experiments/results/es_bipedal/<timestamp>)
 """
@@ -381,15 +381,21 @@ def speed_slices(args, out: Path) -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     medians = {name: statistics.median(r) for name, r in rates.items() if None not in r}
+    # a slice's pair ran minutes apart, so its ratio is the one a drifting machine disturbs least
+    ratios = {peer: [f / e for f, e in zip(rates["fiberrl"], rates[peer], strict=True)]
+              for peer in ("evotorch", "evotorch w/o eval") if len(medians) == 3}
     print(f"\n{args.speed_slices} alternating slices of {args.slice_steps:,} env steps, {args.workers} workers, "
           f"medians: " + ", ".join(f"{name} {m:.0f}" for name, m in medians.items()) + " env steps/s")
-    if len(medians) == 3:
-        print(f"env steps/s, fiberrl / evotorch: {medians['fiberrl'] / medians['evotorch']:.2f} (evotorch's "
-              f"main-process evals counted), {medians['fiberrl'] / medians['evotorch w/o eval']:.2f} (left out)")
+    if ratios:
+        for peer, label in (("evotorch", "evotorch's main-process evals counted"), ("evotorch w/o eval", "left out")):
+            print(f"env steps/s, fiberrl / {peer}: per slice " + ", ".join(f"{r:.2f}" for r in ratios[peer])
+                  + f", median {statistics.median(ratios[peer]):.2f}; ratio of the medians "
+                  f"{medians['fiberrl'] / medians[peer]:.2f} ({label})")
     else:
         print("no ratio: a slice ran fewer than 2 iterations, so its rate is unknown (raise --slice-steps)")
     (out / "speed_slices.json").write_text(json.dumps(dict(slice_steps=args.slice_steps, workers=args.workers,
-                                                            seeds=args.seeds, rates=rates, medians=medians), indent=1))
+                                                            seeds=args.seeds, rates=rates, medians=medians,
+                                                            ratios=ratios), indent=1))
     print(f"figures: {out / 'speed_slices.json'}")
 
 
