@@ -219,6 +219,11 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
         problem = searcher.problem
         iteration, train_s, wall_before, timesteps = (saved[k] for k in ("iteration", "train_s", "wall_s",
                                                                            "timesteps"))
+        # its env, clipped or not, came with the checkpoint (which says so since --peer-reward-clip exists)
+        if "reward_clip" in saved and saved["reward_clip"] != args.peer_reward_clip:
+            raise SystemExit(f"evotorch seed {seed}: its checkpoint {checkpoint} learnt with --peer-reward-clip "
+                             f"{saved['reward_clip']}, this run asks for {args.peer_reward_clip}; run it "
+                             f"with the same flag, or into another results folder")
         print(f"evotorch seed {seed}: resumed at iteration {iteration}, {timesteps:,} steps", flush=True)
     else:
         env = ENV_ID if args.peer_reward_clip is None else functools.partial(clipped_walker, args.peer_reward_clip)
@@ -254,7 +259,8 @@ def evotorch_seed(args, seed: int, run_dir: Path) -> None:
             if iteration % args.peer_checkpoint_every == 0 or timesteps >= args.steps:
                 save_evotorch_checkpoint(checkpoint, searcher, dict(iteration=iteration, train_s=train_s,
                                                                     wall_s=time.perf_counter() - began,
-                                                                    timesteps=timesteps))
+                                                                    timesteps=timesteps,
+                                                                    reward_clip=args.peer_reward_clip))
     if not args.no_final_score and timesteps >= args.steps and not (run_dir / FINAL_SCORE).exists():
         policy = problem.to_policy(searcher.status["center"])  # with its observation normalisation, actions clipped
         write_final_score(run_dir, [evotorch_episode(policy, args.episode_steps, FINAL_SEED + i)
