@@ -388,8 +388,8 @@ def speed_slices(args, out: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     medians = {name: statistics.median(r) for name, r in rates.items() if None not in r}
     # a slice's pair ran minutes apart, so its ratio is the one a drifting machine disturbs least
-    ratios = {peer: [f / e for f, e in zip(rates["fiberrl"], rates[peer], strict=True)]
-              for peer in ("evotorch", "evotorch w/o eval") if len(medians) == 3}
+    ratios = ({peer: [f / e for f, e in zip(rates["fiberrl"], rates[peer], strict=True)]
+               for peer in ("evotorch", "evotorch w/o eval")} if len(medians) == 3 else {})
     print(f"\n{args.speed_slices} alternating slices of {args.slice_steps:,} env steps, {args.workers} workers, "
           f"medians: " + ", ".join(f"{name} {m:.0f}" for name, m in medians.items()) + " env steps/s")
     if ratios:
