@@ -2,6 +2,8 @@
 import os
 import random
 import signal
+import sys
+import threading
 import time
 
 import pytest
@@ -30,6 +32,92 @@ def exit_once(x, marker):
         except FileExistsError:
             pass
     return x
+
+
+def nap(x):
+    time.sleep(0.005)
+    return x
+
+
+def live_descendants() -> dict[int, str]:
+    """This process's live descendants (any thread's children), each with its command line."""
+    parents, commands = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                commands[int(entry)] = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if state not in "ZX":
+            parents[int(entry)] = int(ppid)
+    found, todo = {}, [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid in [pid for pid, ppid in parents.items() if ppid == parent]:
+            found[pid] = commands.get(pid, "")
+            todo.append(pid)
+    return found
+
+
+def map_under_storm(pick_victims, tries: int, tasks: int = 3000):
+    """``tries`` times: Pool(4) maps ``tasks`` tasks of 5 ms (chunksize 1) while a thread
+    SIGKILLs what ``pick_victims`` picks among the live descendants every 0.25 s."""
+    for attempt in range(tries):
+        stop, kills = threading.Event(), []
+
+        def storm():
+            while not stop.wait(0.25):
+                for pid in pick_victims(live_descendants()):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        kills.append(pid)
+                    except ProcessLookupError:
+                        pass
+
+        with mp.Pool(4) as pool:
+            killer = threading.Thread(target=storm)
+            killer.start()
+            try:
+                assert pool.map(nap, range(tasks), chunksize=1) == list(range(tasks)), f"try {attempt}"
+            finally:
+                stop.set()
+                killer.join()
+            stats = pool.statistics()
+        print(f"try {attempt}: {len(kills)} processes killed, {stats.worker_restarts} worker restarts, "
+              f"{stats.tasks_resubmitted} tasks resubmitted")
+        assert stats.tasks_failed == 0 and stats.tasks_done == tasks
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="finds descendants through /proc")
+def test_a_map_survives_a_random_descendant_killed_every_250ms():
+    """Any process under the parent: pool workers, the fork server (whose jobs die with it),
+    the resource tracker.  A task is charged only for a death while it ran, so none fails."""
+    rng = random.Random(0)
+    map_under_storm(lambda found: [rng.choice(list(found))] if found else [], tries=4)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="finds descendants through /proc")
+def test_workers_killed_with_their_fork_server_every_250ms_cost_no_task_and_no_pool():
+    """Every worker dies at each kill, often just after starting: neither the tasks they ran
+    nor the deaths before asking for work count against the pool (this failed every map
+    with WorkerLostError or 'keep dying before taking any task')."""
+    def fork_servers(found):
+        return [pid for pid, command in found.items()
+                if "fork_server" in command and _parent(pid) == os.getpid()]
+    # a map goes on only between kills, as the server and its workers start again: fewer tasks
+    map_under_storm(fork_servers, tries=1, tasks=500)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
 
 
 def failing_initializer():

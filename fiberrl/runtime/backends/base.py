@@ -66,6 +66,10 @@ class Job:
     error: str | None = None
     """Why the job could not run, once a backend knows (image missing, never
     scheduled); its exit code is then ``NEVER_RAN_EXIT``."""
+    lost: str | None = None
+    """Why the job was ended from outside, with others, through nothing it did
+    (its fork server killed), once its backend knows: a pool charges no task
+    for such a death."""
 
 
 class Backend(abc.ABC):

@@ -62,7 +62,9 @@ class LocalBackend(Backend):
             self._gpu_load.update(chosen)
             return chosen
 
-    def _release_gpus(self, job: Job) -> None:
+    def _exited(self, job: Job) -> None:
+        """What an exited job held goes back; a forked job says whether it died with its server."""
+        job.lost = getattr(job.handle, "lost", None)
         with self._lock:
             for gpu in job.handle.gpus:
                 self._gpu_load[gpu] -= 1
@@ -109,7 +111,7 @@ class LocalBackend(Backend):
         code = job.handle.poll()
         if code is None:
             return JobStatus.RUNNING, None
-        self._release_gpus(job)
+        self._exited(job)
         return JobStatus.EXITED, code
 
     def wait(self, job: Job, timeout: float | None = None):
@@ -117,7 +119,7 @@ class LocalBackend(Backend):
             code = job.handle.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
-        self._release_gpus(job)
+        self._exited(job)
         return code
 
     def terminate(self, job: Job, force: bool = False) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -32,13 +33,13 @@ from ..net.transport import CLOSED, OK
 from ..processes.process import Process, cpu_count
 from .cpu_gate import CpuGate, usable_cores
 from .results import PoolTerminated, Submission, WorkerLostError, with_remote_traceback
-from .worker import CHUNK, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, WORKER_ID, run_worker
+from .worker import CHUNK, CHUNK_ID, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, W_START, WORKER_ID, run_worker
 
 log = logging.getLogger("fiberrl.pool")
 # how much lower local pool workers run while they outnumber the cores (see Scheduler._worker_nice)
 OVERSUBSCRIBED_NICE = 10
 RUN, CLOSE, TERMINATE = "run", "close", "terminate"
-# consecutive workers dying before asking for work, after which the pool gives up
+# generations of workers in a row dying before asking for work, after which the pool gives up
 MAX_STARTUP_DEATHS = 3
 
 
@@ -67,8 +68,8 @@ class Chunk:
 
 
 class Worker:
-    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "funcs", "tasks_done", "retiring", "asked",
-                 "started_at")
+    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "running", "funcs", "tasks_done", "retiring",
+                 "asked", "started_at")
 
     def __init__(self, worker_id: int, process: Process):
         self.id, self.process = worker_id, process
@@ -76,6 +77,7 @@ class Worker:
         self.stream_id: int | None = None
         self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
+        self.running: int | None = None  # the id of the chunk it said it started and has not finished
         self.funcs: set[int] = set()
         self.tasks_done = 0
         self.retiring = False
@@ -139,6 +141,7 @@ class Scheduler:
         self._chunk_ids = itertools.count()
         self._worker_ids = itertools.count()
         self._startup_deaths = 0
+        self._startup_death_at = -math.inf  # when the last one counted was handled
         self._broken: str | None = None
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
         self._stream_ids = itertools.count(1)
@@ -225,10 +228,15 @@ class Scheduler:
 
     def handle(self, request: WorkerRequest) -> None:
         op = request.op
-        if op == W_RESULT or op == W_RESULT_GET:
+        if op == W_START:
+            with self._lock:
+                self._started(request)
+        elif op == W_RESULT or op == W_RESULT_GET:
             self._on_results(request, ask=op == W_RESULT_GET)
         elif op == W_GET:
             with self._lock:
+                if request.body:
+                    self._started(request)  # asked for more as it started its last chunk
                 replies = self._park(request)
             _send(replies)
         elif op == W_HELLO:
@@ -241,6 +249,11 @@ class Scheduler:
             request.reply(OK if worker is not None else CLOSED)
         else:
             request.reply(CLOSED)
+
+    def _started(self, request: WorkerRequest) -> None:
+        worker = self._by_stream.get(request.stream_id)
+        if worker is not None:
+            worker.running = CHUNK_ID.unpack_from(request.body)[0]
 
     def _park(self, request: WorkerRequest) -> list:
         """A worker asks for work: answer now if there is some, else later."""
@@ -445,11 +458,16 @@ class Scheduler:
                 self._working -= 1
             worker.inflight.clear()
             if inflight:
-                suspect = inflight[0]  # chunks run in order: the first was running
-                suspect.crashes += 1
-                if suspect.crashes >= self._max_crashes:
-                    failed.append(suspect)
-                    inflight = inflight[1:]
+                # only the chunk it was running is charged, and not when the worker was killed with
+                # others from outside (its fork server killed): chunks it merely held (the rest of its
+                # batch, or one sent as it died) are rerun free
+                running = inflight[0].id == worker.running and not worker.process.job_lost
+                suspect = inflight[0] if running else None
+                if suspect is not None:
+                    suspect.crashes += 1
+                    if suspect.crashes >= self._max_crashes:
+                        failed.append(suspect)
+                        inflight = inflight[1:]
                 self._pending.extendleft(reversed(inflight))
                 self._counts["in_flight"] -= sum(c.count for c in inflight) + sum(c.count for c in failed)
                 self._counts["resubmitted"] += sum(c.count for c in inflight)
@@ -457,8 +475,12 @@ class Scheduler:
             expected = worker.retiring and not inflight and not failed and exitcode == 0
             if not expected:
                 self._counts["restarts"] += 1
-                if not worker.asked:
-                    self._startup_deaths += 1
+                if not worker.asked and not worker.process.job_lost:
+                    if worker.started_at > self._startup_death_at:
+                        # workers dying together (their host lost, the local fork server killed) count
+                        # once: only one started after the last counted death shows the start failing again
+                        self._startup_deaths += 1
+                        self._startup_death_at = time.monotonic()
                     error = worker.process.job_error
                     connected = any(w.stream_id is not None for w in self._workers.values())
                     if error and not connected:

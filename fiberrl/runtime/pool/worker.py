@@ -4,12 +4,14 @@ The master's reply to a request for work carries a batch of chunks (up to
 its prefetch) and says whether more work is waiting.  Results of a batch's
 chunks are sent as soon as each is done, without an answer.  When no more
 work was waiting, the result of the last chunk travels in the worker's next
-request for work, which the master parks until it has more (two messages a
-chunk).  When more was waiting, the worker asks for its next batch before
-it starts its last chunk, so that the batch arrives while that chunk runs
-and the worker never waits on the master between chunks.  Chunks run one
-after another in the order received, which is how the master knows which
-chunk was running when a worker died.
+request for work, which the master parks until it has more.  When more was
+waiting, the worker asks for its next batch as it starts its last chunk, so
+that the batch arrives while that chunk runs and the worker never waits on
+the master between chunks.  Chunks run one after another in the order
+received.  The worker says when it starts each (W_START, unanswered, or in
+that request for more), so that a death is charged to the chunk it was
+running and to no other: chunks a worker only held, received or still on
+their way when it died, are rerun free.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..net.stream import connect
 from ..net.transport import OK
 from ..processes.lifeline import beat_less_often
 
-W_HELLO, W_GET, W_RESULT, W_RESULT_GET = 20, 21, 22, 23
+W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START = 20, 21, 22, 23, 24
 # how long a thread of an oversubscribed worker waits for the GIL before it asks for it (Python's default
 # is 5 ms).  A worker's other threads (its lifeline) wait for the GIL while the task's thread holds it, and
 # among hundreds of runnable workers per core the holder runs only now and then: at 5 ms each waiter woke
@@ -37,7 +39,7 @@ OVERSUBSCRIBED_SWITCH_INTERVAL = 0.1
 # second, each a cold process woken and answered, made an ES iteration on BipedalWalker on 2 cores take
 # 29.9 s instead of 28.6 s, and 39.4 s instead of 30.0 s where every worker had a task at once
 OVERSUBSCRIBED_HEARTBEAT = 10.0
-WORKER_ID = struct.Struct("<q")
+WORKER_ID = CHUNK_ID = struct.Struct("<q")
 # a batch's first part: one byte, whether more work is waiting, then for each
 # chunk: its id, function id, whether the function's pickle comes with it,
 # whether its tasks take *args
@@ -137,8 +139,9 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
             blobs = iter(parts[1:])
             for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
                 last = i + 1 == len(batch)
-                if last and backlog:
-                    stream.send([bytes((W_GET,))])
+                # says it starts the chunk (loading its function included); asking for the next batch
+                # says so too, in one message
+                stream.send([bytes((W_GET if last and backlog else W_START,)), CHUNK_ID.pack(chunk_id)])
                 if has_func:
                     funcs[func_id] = load_function(next(blobs))
                 clock.start()

@@ -64,6 +64,7 @@ class ForkedProcess:
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode: int | None = None
+        self.lost: str | None = None  # why it ended with the server, if it did
         self._exited = threading.Event()
 
     def _set_exit(self, code: int) -> None:
@@ -151,6 +152,7 @@ class ForkServer:
             self._started.notify_all()
             jobs, self._jobs = list(self._jobs.values()), {}
         for job in jobs:  # the kernel killed them with the server (PR_SET_PDEATHSIG)
+            job.lost = "killed with the local fork server"
             job._set_exit(-signal.SIGKILL)
         self._sock.close()
         self._server.wait()

@@ -205,6 +205,12 @@ class Process(BaseProcess):
         scheduled), once it knows; None otherwise."""
         return None if self._job is None else self._job.error
 
+    @property
+    def job_lost(self) -> str | None:
+        """Why the backend says this process was ended from outside, with
+        others, through nothing it did (its fork server killed); None otherwise."""
+        return None if self._job is None else self._job.lost
+
     def _set_exit(self, code: int) -> None:
         self._exitcode = code
         if self._job is not None and self._job.error:
