@@ -27,6 +27,8 @@ import numpy as np
 from rich.console import Console
 
 CHECKPOINT = re.compile(r"^(\d{6,})\.npz$")
+# what atomic_write leaves beside its file when the write is cut short: .<name>.<random>.tmp
+UNFINISHED_WRITE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 class CheckpointMismatch(ValueError):
@@ -144,11 +146,23 @@ class RunDirectory:
     def resume(self, check=None) -> tuple[dict, dict] | None:
         """The checkpoint to go on from (None: start from the beginning), with the metrics
         logged after it forgotten: a run that crashed logged iterations its checkpoint does not hold."""
+        self._remove_unfinished_writes()
         checkpoint = self.load_checkpoint(check)
         if checkpoint is None and self.read_metrics():
             self.note(f"no checkpoint in {self.checkpoints} yet: the run starts again from its first iteration")
         self.truncate_metrics(after_iteration=-1 if checkpoint is None else checkpoint[1]["iteration"])
         return checkpoint
+
+    def _remove_unfinished_writes(self) -> None:
+        """Temporary files of writes that were killed before their rename: nothing reads
+        them, and a run resumed again and again would pile them up."""
+        found = [p for folder in (self.path, self.checkpoints) for p in sorted(folder.iterdir())
+                 if UNFINISHED_WRITE.match(p.name) and p.is_file()]
+        for path in found:
+            path.unlink()
+        if found:
+            names = ", ".join(str(p.relative_to(self.path)) for p in found)
+            self.note(f"removed {len(found)} temporary file(s) left by writes cut short in {self.path}: {names}")
 
     def load_checkpoint(self, check=None) -> tuple[dict, dict] | None:
         """The newest checkpoint that is whole, or None for a fresh run; refuses one made with other

@@ -124,6 +124,36 @@ def test_a_garbage_metrics_line_and_a_partial_last_line_are_dropped_and_reported
     assert len(lines) == 2 and "line 2" in lines[0] and "partial last line" in lines[1], lines
 
 
+def test_a_resume_removes_the_temporary_file_of_a_checkpoint_write_killed_midway(tmp_path):
+    run_dir, _ = with_checkpoints(tmp_path, 2)
+    # a real write of checkpoint 7, SIGKILLed between its first bytes and its rename
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from fiberrl.run import atomic_write
+def write(f):
+    f.write(b"PK half a checkpoint")
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+atomic_write(Path({str(run_dir.checkpoints / '000007.npz')!r}), write)
+"""], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "writing\n"
+    writer.kill()
+    writer.wait()
+    left = [p.name for p in run_dir.checkpoints.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".000007.npz."), left
+    (tmp_path / "notes.tmp").write_text("the user's own")  # not a write of the run's: kept
+    run_dir, out = directory(tmp_path)
+    arrays, values = run_dir.resume()
+    assert values["iteration"] == 1
+    assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == ["000000.npz", "000001.npz"]
+    assert (tmp_path / "notes.tmp").exists()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and "removed 1 temporary file(s) left by writes cut short" in lines[0] \
+        and f"checkpoints/{left[0]}" in lines[0], lines
+
+
 # --- ES ---------------------------------------------------------------------------------
 
 def es(tmp_path, name, overrides, on_iteration=None):
