@@ -17,7 +17,7 @@ the rollout: stepping the envs and moving data), from its metrics.
     python experiments/bench_ppo_breakout_sps.py --cleanrl-dir /tmp/cleanrl \\
         --cleanrl-python /tmp/venv-cleanrl/bin/python [--steps 20480] [--rounds 2]
 
-The CleanRL interpreter needs, beyond what ppo_breakout_vs_cleanrl.py lists,
+The CleanRL interpreter needs, beyond what ppo_vs_cleanrl.py lists,
 ``envpool==0.8.4`` and ``gym==0.23.1``: CleanRL's envpool script is written
 for EnvPool's gym API of that era (it sets attributes EnvPool 1.x makes
 read-only, and takes ``reset()`` to return the observations alone, as gym
@@ -36,7 +36,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ppo_breakout_vs_cleanrl import ENV_ID, RUN_CLEANRL  # beside this script
+from ppo_vs_cleanrl import ENV_ID, RUN_CLEANRL  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = ("fiberrl-envpool", "fiberrl-gymnasium", "cleanrl-envpool", "cleanrl")

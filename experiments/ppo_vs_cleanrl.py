@@ -1,27 +1,34 @@
-"""PPO on Breakout against CleanRL, per frame: CleanRL's own ``ppo_atari.py``
-and ``python -m fiberrl algo=ppo env=breakout_noframeskip`` (the same
-settings: BreakoutNoFrameskip-v4 with the same Atari preprocessing, 8 envs x
-128 steps, 4 minibatches, 4 epochs, lr 2.5e-4 annealed over the budget, clip
-0.1, entropy 0.01), the same seeds and budget, each pair run at the same time
-with one torch thread each (OMP_NUM_THREADS=1), so that both share the
-machine alike.
+"""PPO against CleanRL, per env step: CleanRL's own script and fiberrl's PPO
+with the same settings, the same seeds and budget, each pair run at the same
+time with one torch thread each (OMP_NUM_THREADS=1), so that both share the
+machine alike.  Two tasks (``--task``):
 
-Per seed and framework: the training episodes' mean return in each 100k-step
-bin (an episode is a whole game: CleanRL records it before its life-loss
+- ``breakout``: ``ppo_atari.py`` against ``algo=ppo env=breakout_noframeskip``
+  (BreakoutNoFrameskip-v4 with the same Atari preprocessing, 8 envs x 128
+  steps, 4 minibatches, 4 epochs, lr 2.5e-4 annealed over the budget, clip
+  0.1, entropy 0.01); 500k steps, bins of 100k.
+- ``cartpole``: ``ppo.py`` against ``+experiment=ppo_cartpole`` (CartPole-v1,
+  4 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4 annealed, clip 0.2,
+  entropy 0.01); 150k steps, bins of 25k.
+
+Per seed and framework: the training episodes' mean return in each bin (for
+Breakout an episode is a whole game: CleanRL records it before its life-loss
 wrapper, fiberrl too), the return over the last 10% of steps, the wall time
 from start to exit and the env steps per second (steps / wall time, start-up
 included; each framework's own SPS is printed too).  Then the means over the
 seeds, the SPS ratio, and one PNG: return against env steps and against wall
 time, both frameworks, one line per seed.
 
-    python experiments/ppo_breakout_vs_cleanrl.py --cleanrl-dir /tmp/cleanrl \
+    python experiments/ppo_vs_cleanrl.py --task breakout --cleanrl-dir /tmp/cleanrl \
         --cleanrl-python /tmp/venv-cleanrl/bin/python
-    python experiments/ppo_breakout_vs_cleanrl.py ... --steps 20480 --seeds 0      # smoke test
+    python experiments/ppo_vs_cleanrl.py --task cartpole --seeds 0,1,2,3,4 --cleanrl-dir /tmp/cleanrl \
+        --cleanrl-python /tmp/venv-cleanrl/bin/python
+    python experiments/ppo_vs_cleanrl.py ... --steps 20480 --seeds 0      # smoke test
 
 CleanRL runs from a checkout of https://github.com/vwxyzjn/cleanrl (--cleanrl-dir:
-the folder holding cleanrl/ppo_atari.py and cleanrl_utils/) in an interpreter
-of its own (--cleanrl-python), which needs CleanRL's gymnasium 0.29 (its
-wrappers' names changed in 1.0) and the Atari ROMs:
+the folder holding cleanrl/ppo.py, cleanrl/ppo_atari.py and cleanrl_utils/) in an
+interpreter of its own (--cleanrl-python), which needs CleanRL's gymnasium 0.29
+(its wrappers' names changed in 1.0), and for Breakout the Atari ROMs:
     python3 -m venv /tmp/venv-cleanrl
     /tmp/venv-cleanrl/bin/pip install -c constraints.txt gymnasium==0.29.1 ale-py==0.9.1 'numpy<2' torch \\
         tyro tensorboard opencv-python-headless
@@ -30,13 +37,14 @@ A pair whose both runs finished is kept; a pair cut short runs again from its
 start (the two must run side by side to be compared).
 
 Flags:
-    --steps N              env steps per run (default 500,000; an env step is 4 frames)
+    --task NAME            breakout (default) or cartpole
+    --steps N              env steps per run (default: the task's; a Breakout env step is 4 frames)
     --seeds LIST           seeds (default 0,1)
-    --bin N                steps per bin of the curves (default 100,000)
+    --bin N                steps per bin of the curves (default: the task's)
     --cleanrl-dir DIR      the CleanRL checkout (required)
     --cleanrl-python PATH  its interpreter (default: this one)
     --engine NAME          what steps fiberrl's envs: gymnasium (default, as CleanRL's script) or envpool
-    --out DIR              results folder (default experiments/results/ppo_breakout_cleanrl/<timestamp>)
+    --out DIR              results folder (default experiments/results/ppo_<task>_cleanrl/<timestamp>)
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -58,6 +67,27 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # CleanRL's script, unchanged, run as __main__ after importing ale_py: ale-py 0.9 and later register the
 # Atari ids on import (0.8 did it through an entry point, and it has no ROMs without a download)
 RUN_CLEANRL = "import runpy, sys, ale_py; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+RUN_CLEANRL_CLASSIC = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+@dataclass(frozen=True)
+class Task:
+    env_id: str
+    script: str          # CleanRL's, in cleanrl/
+    runner: str          # how CleanRL's interpreter runs it
+    fiberrl: tuple       # fiberrl's arguments for the same settings
+    steps: int           # the default budget
+    bin: int             # the default bin of the curves
+    needs: str           # what CleanRL's interpreter must import
+    step_unit: str       # the x axis's label
+
+
+TASKS = {
+    "breakout": Task(ENV_ID, "ppo_atari.py", RUN_CLEANRL, ("algo=ppo", "env=breakout_noframeskip"), 500_000,
+                     100_000, "gymnasium, tyro, torch, ale_py, tensorboard, cv2", "env steps (x4 frames)"),
+    "cartpole": Task("CartPole-v1", "ppo.py", RUN_CLEANRL_CLASSIC, ("+experiment=ppo_cartpole",), 150_000, 25_000,
+                     "gymnasium, tyro, torch, tensorboard", "env steps"),
+}
 
 # CleanRL's tensorboard events, read in its interpreter (which has tensorboard), printed as JSON lines
 READ_EVENTS = """
@@ -72,8 +102,7 @@ for tag in ("charts/episodic_return", "charts/SPS"):
 
 
 def start_fiberrl(args, seed: int, run_dir: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fiberrl", "algo=ppo", "env=breakout_noframeskip", f"env.engine={args.engine}",
-               "workers=2", f"seed={seed}", f"algo.total_timesteps={args.steps}", "algo.eval_every=0",
+    command = [sys.executable, "-m", "fiberrl", *args.task.fiberrl, f"env.engine={args.engine}", "workers=2", f"seed={seed}", f"algo.total_timesteps={args.steps}", "algo.eval_every=0",
                "tensorboard=false", f"hydra.run.dir={run_dir}"]
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, **ONE_THREAD), stdout=log,
@@ -82,9 +111,9 @@ def start_fiberrl(args, seed: int, run_dir: Path) -> subprocess.Popen:
 
 def start_cleanrl(args, seed: int, run_dir: Path) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
-    script = args.cleanrl_dir / "cleanrl" / "ppo_atari.py"
-    command = [args.cleanrl_python, "-c", RUN_CLEANRL, str(script), "--seed", str(seed), "--total-timesteps",
-               str(args.steps), "--env-id", ENV_ID, "--no-cuda"]
+    script = args.cleanrl_dir / "cleanrl" / args.task.script
+    command = [args.cleanrl_python, "-c", args.task.runner, str(script), "--seed", str(seed), "--total-timesteps",
+               str(args.steps), "--env-id", args.task.env_id, "--no-cuda"]
     path = os.pathsep.join(p for p in (str(args.cleanrl_dir), os.environ.get("PYTHONPATH")) if p)
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     return subprocess.Popen(command, cwd=run_dir, env=dict(os.environ, PYTHONPATH=path, **ONE_THREAD), stdout=log,
@@ -178,8 +207,7 @@ def report(args, out: Path) -> None:
         print("no pair finished")
         return
     bins = len(rows[0]["bins"])
-    print(f"\nBreakoutNoFrameskip-v4, {args.steps:,} env steps ({4 * args.steps:,} frames) per run, pairs run side "
-          f"by side, one torch thread each")
+    print(f"\n{args.task.env_id}, {args.steps:,} env steps per run, pairs run side by side, one torch thread each")
     head = " ".join(f"{f'<{(i + 1) * args.bin // 1000}k':>7}" for i in range(bins))
     print(f"{'framework':<9} {'seed':>4} {head} {'last 10%':>8} {'wall s':>7} {'SPS':>6} {'own SPS':>8}")
     for r in rows:
@@ -200,8 +228,9 @@ def report(args, out: Path) -> None:
     (out / "summary.json").write_text(json.dumps(dict(steps=args.steps, bin=args.bin, means=means,
                                                       rows=[{k: v for k, v in r.items() if k != "points"}
                                                             for r in rows]), indent=1))
-    draw(rows, out / "ppo_breakout_cleanrl.png", args)
-    print(f"plot: {out / 'ppo_breakout_cleanrl.png'}")
+    plot = out / f"ppo_{args.task_name}_cleanrl.png"
+    draw(rows, plot, args)
+    print(f"plot: {plot}")
 
 
 def draw(rows, path: Path, args) -> None:
@@ -221,18 +250,18 @@ def draw(rows, path: Path, args) -> None:
         smooth = [np.average(returns[(steps > s - 20_000) & (steps <= s)], weights=weights[(steps > s - 20_000)
                                                                                           & (steps <= s)])
                   for s in steps]
-        label = None if r["framework"] in labelled else {"fiberrl": "fiberrl", "cleanrl": "CleanRL ppo_atari.py"}[
-            r["framework"]]
+        label = None if r["framework"] in labelled else {"fiberrl": "fiberrl",
+                                                         "cleanrl": f"CleanRL {args.task.script}"}[r["framework"]]
         labelled.add(r["framework"])
         for ax, x in zip(axes, (steps, wall), strict=True):
             ax.plot(x, smooth, color=colors[r["framework"]], alpha=0.8, linewidth=1.2, label=label)
-    axes[0].set_xlabel("env steps (x4 frames)")
+    axes[0].set_xlabel(args.task.step_unit)
     axes[1].set_xlabel("seconds since launch, side by side on 2 cores")
     axes[0].set_ylabel("training episodes' return (20k-step running mean)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="upper left", fontsize="small")
-    fig.suptitle(f"PPO on BreakoutNoFrameskip-v4, {args.steps:,} steps: one line per seed "
+    fig.suptitle(f"PPO on {args.task.env_id}, {args.steps:,} steps: one line per seed "
                  f"({', '.join(map(str, sorted({r['seed'] for r in rows})))})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -241,23 +270,26 @@ def draw(rows, path: Path, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=500_000)
+    parser.add_argument("--task", choices=sorted(TASKS), default="breakout")
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",") if x.strip()], default=[0, 1])
-    parser.add_argument("--bin", type=int, default=100_000)
+    parser.add_argument("--bin", type=int, default=None)
     parser.add_argument("--cleanrl-dir", type=Path, required=True)
     parser.add_argument("--cleanrl-python", default=sys.executable)
     parser.add_argument("--engine", choices=("gymnasium", "envpool"), default="gymnasium")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    if not (args.cleanrl_dir / "cleanrl" / "ppo_atari.py").is_file():
-        parser.error(f"--cleanrl-dir {args.cleanrl_dir}: no cleanrl/ppo_atari.py there; pass a checkout of "
+    args.task_name, args.task = args.task, TASKS[args.task]
+    args.steps = args.steps or args.task.steps
+    args.bin = args.bin or args.task.bin
+    if not (args.cleanrl_dir / "cleanrl" / args.task.script).is_file():
+        parser.error(f"--cleanrl-dir {args.cleanrl_dir}: no cleanrl/{args.task.script} there; pass a checkout of "
                      f"https://github.com/vwxyzjn/cleanrl")
-    probe = subprocess.run([args.cleanrl_python, "-c", "import gymnasium, tyro, torch, ale_py, tensorboard, cv2"],
-                           capture_output=True, text=True)
+    probe = subprocess.run([args.cleanrl_python, "-c", f"import {args.task.needs}"], capture_output=True, text=True)
     if probe.returncode != 0:
         parser.error(f"--cleanrl-python {args.cleanrl_python} cannot run CleanRL: "
                      f"{(probe.stderr.strip().splitlines() or ['?'])[-1]} (see this script's docstring)")
-    out = args.out or REPO / "experiments" / "results" / "ppo_breakout_cleanrl" / datetime.now().strftime(
+    out = args.out or REPO / "experiments" / "results" / f"ppo_{args.task_name}_cleanrl" / datetime.now().strftime(
         "%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     print(f"results in {out}", flush=True)
