@@ -33,7 +33,19 @@ from ..net.transport import CLOSED, OK
 from ..processes.process import Process, cpu_count
 from .cpu_gate import CpuGate, usable_cores
 from .results import PoolTerminated, Submission, WorkerLostError, with_remote_traceback
-from .worker import CHUNK, CHUNK_ID, REPORT, W_GET, W_HELLO, W_RESULT, W_RESULT_GET, W_START, WORKER_ID, run_worker
+from .worker import (
+    CHUNK,
+    CHUNK_ID,
+    REPORT,
+    W_GET,
+    W_HELLO,
+    W_LOAD,
+    W_RESULT,
+    W_RESULT_GET,
+    W_START,
+    WORKER_ID,
+    run_worker,
+)
 
 log = logging.getLogger("fiberrl.pool")
 # how much lower local pool workers run while they outnumber the cores (see Scheduler._worker_nice)
@@ -68,8 +80,8 @@ class Chunk:
 
 
 class Worker:
-    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "running", "funcs", "tasks_done", "retiring",
-                 "asked", "started_at")
+    __slots__ = ("id", "process", "stream_id", "parked", "inflight", "running", "loading", "funcs", "tasks_done",
+                 "retiring", "asked", "started_at")
 
     def __init__(self, worker_id: int, process: Process):
         self.id, self.process = worker_id, process
@@ -78,6 +90,7 @@ class Worker:
         self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
         self.running: int | None = None  # the id of the chunk it said it started and has not finished
+        self.loading: int | None = None  # the id of the function it said it is loading
         self.funcs: set[int] = set()
         self.tasks_done = 0
         self.retiring = False
@@ -141,6 +154,8 @@ class Scheduler:
         self._chunk_ids = itertools.count()
         self._worker_ids = itertools.count()
         self._startup_deaths = 0
+        self._load_deaths: dict[int, int] = {}  # by function: workers that died loading it
+        self._loaded: set[int] = set()  # functions some worker has loaded: loading them kills nobody
         self._startup_death_at = -math.inf  # when the last one counted was handled
         self._broken: str | None = None
         self._counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
@@ -231,6 +246,11 @@ class Scheduler:
         if op == W_START:
             with self._lock:
                 self._started(request)
+        elif op == W_LOAD:
+            with self._lock:
+                worker = self._by_stream.get(request.stream_id)
+                if worker is not None and worker.inflight:  # its head: chunks run in order
+                    worker.loading = worker.inflight[0].func_id
         elif op == W_RESULT or op == W_RESULT_GET:
             self._on_results(request, ask=op == W_RESULT_GET)
         elif op == W_GET:
@@ -254,6 +274,9 @@ class Scheduler:
         worker = self._by_stream.get(request.stream_id)
         if worker is not None:
             worker.running = CHUNK_ID.unpack_from(request.body)[0]
+            if worker.loading is not None:
+                self._loaded.add(worker.loading)
+                worker.loading = None
 
     def _park(self, request: WorkerRequest) -> list:
         """A worker asks for work: answer now if there is some, else later."""
@@ -461,17 +484,32 @@ class Scheduler:
                 # only the chunk it was running is charged, and not when the worker was killed with
                 # others from outside (its fork server killed): chunks it merely held (the rest of its
                 # batch, or one sent as it died) are rerun free
-                running = inflight[0].id == worker.running and not worker.process.job_lost
-                suspect = inflight[0] if running else None
+                lost = worker.process.job_lost
+                suspect = inflight[0] if inflight[0].id == worker.running and not lost else None
                 if suspect is not None:
                     suspect.crashes += 1
                     if suspect.crashes >= self._max_crashes:
-                        failed.append(suspect)
+                        failed.append((suspect, f"was running each of the {suspect.crashes} times a worker died"))
                         inflight = inflight[1:]
+                elif worker.loading is not None and worker.loading not in self._loaded and not lost:
+                    # dying while loading a function no worker has loaded yet is the function's.  Every
+                    # worker may be loading it at once, and a storm of kills takes loaders before any is
+                    # done (seen: 3 in a row on a loaded 2-core host): its chunks fail once max_task_crashes
+                    # times as many workers as the pool has died loading it, as many as the chunks of a
+                    # function that kills whoever runs it may cost
+                    func = worker.loading
+                    deaths = self._load_deaths[func] = self._load_deaths.get(func, 0) + 1
+                    if deaths >= self._max_crashes * max(1, self.target_size):
+                        why = f"needs a function that {deaths} workers died loading, and none has loaded"
+                        doomed = [c for c in inflight if c.func_id == func] + \
+                            [c for c in self._pending if c.func_id == func]
+                        failed += [(chunk, why) for chunk in doomed]
+                        inflight = [c for c in inflight if c.func_id != func]
+                        self._pending = deque(c for c in self._pending if c.func_id != func)
                 self._pending.extendleft(reversed(inflight))
-                self._counts["in_flight"] -= sum(c.count for c in inflight) + sum(c.count for c in failed)
+                self._counts["in_flight"] -= sum(c.count for c in inflight) + sum(c.count for c, _ in failed)
                 self._counts["resubmitted"] += sum(c.count for c in inflight)
-                self._counts["failed"] += sum(c.count for c in failed)
+                self._counts["failed"] += sum(c.count for c, _ in failed)
             expected = worker.retiring and not inflight and not failed and exitcode == 0
             if not expected:
                 self._counts["restarts"] += 1
@@ -495,10 +533,9 @@ class Scheduler:
             log.warning("pool worker %s (pid %s) died with exit code %s%s", worker.process.name,
                         worker.process.pid, exitcode,
                         f"; resubmitting {sum(c.count for c in inflight)} task(s)" if inflight else "")
-        for chunk in failed:
+        for chunk, why in failed:
             chunk.submission.fail(chunk.start, chunk.count, WorkerLostError(
-                f"{chunk.name()} was running each of the {chunk.crashes} times a worker died "
-                f"(last exit code {exitcode}); not retried again"))
+                f"{chunk.name()} {why} (last exit code {exitcode}); not retried again"))
         if self._broken:
             self._fail_everything(RuntimeError(self._broken))
         _send(replies)

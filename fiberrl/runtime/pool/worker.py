@@ -11,7 +11,9 @@ the master between chunks.  Chunks run one after another in the order
 received.  The worker says when it starts each (W_START, unanswered, or in
 that request for more), so that a death is charged to the chunk it was
 running and to no other: chunks a worker only held, received or still on
-their way when it died, are rerun free.
+their way when it died, are rerun free.  Before it loads a function it has
+not run yet it says so too (W_LOAD): a death while loading a function no
+worker has loaded yet is the function's, not the chunk's.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..net.stream import connect
 from ..net.transport import OK
 from ..processes.lifeline import beat_less_often
 
-W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START = 20, 21, 22, 23, 24
+W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START, W_LOAD = 20, 21, 22, 23, 24, 25
 # how long a thread of an oversubscribed worker waits for the GIL before it asks for it (Python's default
 # is 5 ms).  A worker's other threads (its lifeline) wait for the GIL while the task's thread holds it, and
 # among hundreds of runnable workers per core the holder runs only now and then: at 5 ms each waiter woke
@@ -139,11 +141,11 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
             blobs = iter(parts[1:])
             for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
                 last = i + 1 == len(batch)
-                # says it starts the chunk (loading its function included); asking for the next batch
-                # says so too, in one message
-                stream.send([bytes((W_GET if last and backlog else W_START,)), CHUNK_ID.pack(chunk_id)])
                 if has_func:
+                    stream.send([bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)])
                     funcs[func_id] = load_function(next(blobs))
+                # says it starts the chunk; asking for the next batch says so too, in one message
+                stream.send([bytes((W_GET if last and backlog else W_START,)), CHUNK_ID.pack(chunk_id)])
                 clock.start()
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
                 report = wire.frames([REPORT.pack(chunk_id, ok, *clock.stop()), blob])
