@@ -69,7 +69,7 @@ def map_under_storm(pick_victims, tries: int, tasks: int = 3000):
     for attempt in range(tries):
         stop, kills = threading.Event(), []
 
-        def storm():
+        def storm(stop=stop, kills=kills):
             while not stop.wait(0.25):
                 for pid in pick_victims(live_descendants()):
                     try:

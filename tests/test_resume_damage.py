@@ -145,7 +145,7 @@ atomic_write(Path({str(run_dir.checkpoints / '000007.npz')!r}), write)
     assert len(left) == 1 and left[0].startswith(".000007.npz."), left
     (tmp_path / "notes.tmp").write_text("the user's own")  # not a write of the run's: kept
     run_dir, out = directory(tmp_path)
-    arrays, values = run_dir.resume()
+    _, values = run_dir.resume()
     assert values["iteration"] == 1
     assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == ["000000.npz", "000001.npz"]
     assert (tmp_path / "notes.tmp").exists()
