@@ -64,10 +64,10 @@ REPO = Path(__file__).resolve().parents[1]
 ENV_ID = "BreakoutNoFrameskip-v4"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-# CleanRL's script, unchanged, run as __main__ after importing ale_py: ale-py 0.9 and later register the
-# Atari ids on import (0.8 did it through an entry point, and it has no ROMs without a download)
-RUN_CLEANRL = "import runpy, sys, ale_py; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+# CleanRL's script, unchanged, run as __main__; for Atari after importing ale_py: ale-py 0.9 and later
+# register the Atari ids on import (0.8 did it through an entry point, and it has no ROMs without a download)
 RUN_CLEANRL_CLASSIC = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+RUN_CLEANRL = "import ale_py; " + RUN_CLEANRL_CLASSIC
 
 
 @dataclass(frozen=True)

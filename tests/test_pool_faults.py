@@ -39,8 +39,8 @@ def nap(x):
     return x
 
 
-def live_descendants() -> dict[int, str]:
-    """This process's live descendants (any thread's children), each with its command line."""
+def live_descendants() -> dict[int, tuple[int, str]]:
+    """This process's live descendants (any thread's children): their parent and command line."""
     parents, commands = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -58,7 +58,7 @@ def live_descendants() -> dict[int, str]:
     while todo:
         parent = todo.pop()
         for pid in [pid for pid, ppid in parents.items() if ppid == parent]:
-            found[pid] = commands.get(pid, "")
+            found[pid] = (parent, commands.get(pid, ""))
             todo.append(pid)
     return found
 
@@ -69,11 +69,11 @@ def map_under_storm(pick_victims, tries: int, tasks: int = 3000):
     and the fork server, not what earlier tests left running (a manager they share)."""
     for attempt in range(tries):
         stop, kills = threading.Event(), []
-        others = {pid for pid, command in live_descendants().items() if "fork_server" not in command}
+        others = {pid for pid, (_, command) in live_descendants().items() if "fork_server" not in command}
 
         def storm(stop=stop, kills=kills, others=others):
             while not stop.wait(0.25):
-                found = {pid: command for pid, command in live_descendants().items() if pid not in others}
+                found = {pid: seen for pid, seen in live_descendants().items() if pid not in others}
                 for pid in pick_victims(found):
                     try:
                         os.kill(pid, signal.SIGKILL)
@@ -112,18 +112,9 @@ def test_workers_killed_with_their_fork_server_every_250ms_cost_no_task_and_no_p
     nor the deaths before asking for work count against the pool (this failed every map
     with WorkerLostError or 'keep dying before taking any task')."""
     def fork_servers(found):
-        return [pid for pid, command in found.items()
-                if "fork_server" in command and _parent(pid) == os.getpid()]
+        return [pid for pid, (parent, command) in found.items() if "fork_server" in command and parent == os.getpid()]
     # a map goes on only between kills, as the server and its workers start again: fewer tasks
     map_under_storm(fork_servers, tries=1, tasks=500)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
 
 
 def failing_initializer():

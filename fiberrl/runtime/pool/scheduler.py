@@ -89,7 +89,7 @@ class Worker:
         self.stream_id: int | None = None
         self.parked: "WorkerRequest | None" = None
         self.inflight: deque[Chunk] = deque()
-        self.running: int | None = None  # the id of the chunk it said it started and has not finished
+        self.running: int | None = None  # the id of the chunk it last said it started
         self.loading: int | None = None  # the id of the function it said it is loading
         self.funcs: set[int] = set()
         self.tasks_done = 0
@@ -468,6 +468,7 @@ class Scheduler:
             worker.process.join(2.0)
             exitcode = worker.process.exitcode
         failed = []
+        lost = worker.process.job_lost
         with self._lock:
             if self._workers.pop(worker.id, None) is None:
                 return
@@ -484,7 +485,6 @@ class Scheduler:
                 # only the chunk it was running is charged, and not when the worker was killed with
                 # others from outside (its fork server killed): chunks it merely held (the rest of its
                 # batch, or one sent as it died) are rerun free
-                lost = worker.process.job_lost
                 suspect = inflight[0] if inflight[0].id == worker.running and not lost else None
                 if suspect is not None:
                     suspect.crashes += 1
@@ -501,9 +501,7 @@ class Scheduler:
                     deaths = self._load_deaths[func] = self._load_deaths.get(func, 0) + 1
                     if deaths >= self._max_crashes * max(1, self.target_size):
                         why = f"needs a function that {deaths} workers died loading, and none has loaded"
-                        doomed = [c for c in inflight if c.func_id == func] + \
-                            [c for c in self._pending if c.func_id == func]
-                        failed += [(chunk, why) for chunk in doomed]
+                        failed += [(c, why) for c in (*inflight, *self._pending) if c.func_id == func]
                         inflight = [c for c in inflight if c.func_id != func]
                         self._pending = deque(c for c in self._pending if c.func_id != func)
                 self._pending.extendleft(reversed(inflight))
@@ -513,7 +511,7 @@ class Scheduler:
             expected = worker.retiring and not inflight and not failed and exitcode == 0
             if not expected:
                 self._counts["restarts"] += 1
-                if not worker.asked and not worker.process.job_lost:
+                if not worker.asked and not lost:
                     if worker.started_at > self._startup_death_at:
                         # workers dying together (their host lost, the local fork server killed) count
                         # once: only one started after the last counted death shows the start failing again
