@@ -13,8 +13,10 @@ register_configs(sys.argv[1:])
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
-def main(cfg) -> None:
-    run_or_exit(cfg, HydraConfig.get().runtime.output_dir)
+def main(cfg):
+    """Returns the run's best eval reward, the objective a sweeper (Optuna, Nevergrad, PBT) reads."""
+    summary = run_or_exit(cfg, HydraConfig.get().runtime.output_dir)
+    return summary.get("best_eval_reward")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,11 @@ def configure_backend(backend) -> None:
         raise UsageError(f"backend.settings: {exc}") from None
 
 
+def configure_backend_of(cfg) -> None:
+    """The runtime set up for the backend ``cfg`` names: a sweep's runs are started as its jobs."""
+    configure_backend(cfg.backend)
+
+
 def resolved_backend() -> str:
     from fiberrl.runtime.backends import resolve_name
     from fiberrl.runtime.config import get_config

@@ -1,0 +1,346 @@
+"""``hydra/launcher=fiberrl``: each run of a sweep is a job-backed ``fiberrl.runtime.Process`` on the
+configured backend, so its own workers are jobs of the same backend.
+
+Runs go at the same time (``runs_at_once``). A run that raises is that run's FAILED result; a run
+whose job dies (SIGKILL, OOM, a lost node) is started again up to ``retries`` times, from its own
+checkpoint when the app has one (``resume_key``), and the sweep goes on either way. Run again on
+the same ``hydra.sweep.dir``, a sweep keeps its job numbers and folders, takes the finished runs'
+results as they were and resumes the others. Every run's config is composed and checked before any
+run starts.
+"""
+
+import hashlib
+import logging
+import marshal
+import os
+import pickle
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from .progress import SweepTable
+from .run_in_job import OUTPUT_LOG, RETURN_FILE, run_sweep_job
+
+log = logging.getLogger(__name__)
+
+
+class SweepError(Exception):
+    """Bad input to a sweep, found before any run started: the message says what and what to do."""
+
+
+class RunLost(RuntimeError):
+    """A run whose job died each time it was started."""
+
+
+@dataclass
+class Run:
+    num: int
+    overrides: list[str]
+    config: DictConfig
+    folder: Path
+    state: str = "queued"           # queued, running, retrying, done, failed
+    attempts: int = 0
+    process: Any = None
+    result: Optional[JobReturn] = None
+    why: str = ""                   # a failed run's reason, in one line
+    resumed: bool = False           # whether its latest start went on from its checkpoint
+    metrics: dict = field(default_factory=dict)
+
+
+class FiberrlLauncher(Launcher):
+    def __init__(self, runs_at_once: Optional[int] = None, backend: Optional[str] = None,
+                 backend_settings: Any = None, cpu: Optional[float] = 1, gpu: Optional[int] = None,
+                 mem: Optional[int] = None, retries: int = 2, resume_key: Optional[str] = None,
+                 resume_needs: str = "*", check: Optional[str] = None, configure: Optional[str] = None,
+                 table: str = "auto") -> None:
+        self.runs_at_once = runs_at_once
+        self.backend = backend
+        self.backend_settings = backend_settings
+        self.resources = {k: v for k, v in (("cpu", cpu), ("gpu", gpu), ("mem", mem)) if v is not None}
+        self.retries = retries
+        self.resume_key = resume_key
+        self.resume_needs = resume_needs
+        self.check = check
+        self.configure = configure
+        self.table_mode = table
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.runs: list[Run] = []  # every batch's, for sweep.csv
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        try:
+            self._check_settings()
+            batch = [self._plan(initial_job_idx + i, list(overrides)) for i, overrides in enumerate(job_overrides)]
+            self._configure_runtime()
+            at_once = self._runs_at_once(len(batch))
+        except SweepError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self.runs.extend(batch)
+        log.info(f"Launching {len(batch)} jobs, {at_once} at a time, on the {self._backend_name()} backend")
+        for run in batch:
+            log.info(f"\t#{run.num} : {' '.join(filter_overrides(run.overrides))}"
+                     + (" (done earlier)" if run.state == "done" else ""))
+        table = SweepTable(self.runs, sweep_dir, self.table_mode)
+        try:
+            self._run_all(batch, at_once, table)
+        except BaseException:
+            self._stop(batch)
+            raise
+        finally:
+            table.close()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        self._report_failures(batch)
+        return [run.result for run in batch]
+
+    # --- before anything starts -----------------------------------------------------------------
+    def _check_settings(self) -> None:
+        if self.runs_at_once is not None and self.runs_at_once < 1:
+            raise SweepError(f"hydra.launcher.runs_at_once={self.runs_at_once}: must be at least 1")
+        if self.retries < 0:
+            raise SweepError(f"hydra.launcher.retries={self.retries}: must be 0 or more")
+        if self.table_mode not in ("auto", "plain", "off"):
+            raise SweepError(f"hydra.launcher.table={self.table_mode}: must be auto, plain or off")
+        for key, value in self.resources.items():
+            if isinstance(value, bool) or value < 0 or (key == "cpu" and value == 0):
+                raise SweepError(f"hydra.launcher.{key}={value}: must be a positive number")
+
+    def _plan(self, num: int, overrides: list[str]) -> Run:
+        """The run's config, composed and checked; its folder, checked to be this run's; what it
+        already did there (a finished run keeps its result, an unfinished one resumes)."""
+        config = self._compose(num, overrides)
+        folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        run = Run(num, overrides, config, folder)
+        if self.check:
+            self._check_run(run)
+        ran = folder / ".hydra" / "overrides.yaml"
+        if ran.is_file():
+            before = [o for o in OmegaConf.to_container(OmegaConf.load(ran))
+                      if not (self.resume_key and o.startswith(f"{self.resume_key}="))]
+            if before != overrides:
+                raise SweepError(f"{folder} holds another sweep's run ({' '.join(before) or 'no overrides'}), "
+                                 f"not job #{num} ({' '.join(overrides) or 'no overrides'}); choose another "
+                                 f"hydra.sweep.dir, or run that sweep's own command to resume it")
+        earlier = _read_return(folder / RETURN_FILE, self._fingerprint(config))
+        if earlier is not None and earlier.status == JobStatus.COMPLETED:
+            earlier.hydra_cfg = earlier.hydra_cfg or config
+            run.state, run.result = "done", earlier
+        return run
+
+    def _fingerprint(self, config: DictConfig) -> str:
+        """What a run's result follows from: the task's code and the run's settings. A sweep run again
+        takes an earlier result only where both are unchanged."""
+        code = getattr(self.task_function, "__code__", None)
+        task = marshal.dumps(code) if code is not None else repr(self.task_function).encode()
+        settings = OmegaConf.to_yaml(_without_hydra(config), resolve=True).encode()
+        return hashlib.sha256(task + b"\0" + settings).hexdigest()
+
+    def _compose(self, num: int, overrides: list[str], extra: Sequence[str] = ()) -> DictConfig:
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides + list(extra))
+        with open_dict(config):
+            config.hydra.job.id = num
+            config.hydra.job.num = num
+        # the folder is fixed once: a resume's extra override must not move it, nor a ${now:} its time
+        HydraConfig.instance().set_config(config)
+        with read_write(config.hydra), open_dict(config):
+            config.hydra.sweep.dir = str(config.hydra.sweep.dir)
+            config.hydra.sweep.subdir = str(config.hydra.sweep.subdir)
+        return config
+
+    def _check_run(self, run: Run) -> None:
+        check = _hook("check", self.check)
+        try:
+            check(_without_hydra(run.config))
+        except Exception as exc:
+            raise SweepError(f"job #{run.num} ({' '.join(run.overrides)}): {exc}") from None
+
+    def _configure_runtime(self) -> None:
+        import fiberrl.runtime as mp
+        from fiberrl.runtime.config import ConfigError
+        if self.configure:
+            try:
+                _hook("configure", self.configure)(_without_hydra(self.config))
+            except Exception as exc:
+                raise SweepError(f"hydra.launcher.configure={self.configure}: {exc}") from None
+        settings = dict(self.backend_settings or {})
+        if self.backend not in (None, "auto"):
+            settings["backend"] = self.backend
+        if settings:
+            try:
+                mp.configure(**settings)
+            except ConfigError as exc:
+                raise SweepError(f"hydra.launcher.backend_settings: {exc}") from None
+        backend = self._backend_name()
+        if backend == "local":
+            self._check_local_resources()
+
+    def _backend_name(self) -> str:
+        from fiberrl.runtime.backends import resolve_name
+        from fiberrl.runtime.config import get_config
+        return resolve_name(get_config().backend)
+
+    def _check_local_resources(self) -> None:
+        cores = os.cpu_count() or 1
+        if self.resources.get("cpu", 0) > cores:
+            raise SweepError(f"hydra.launcher.cpu={self.resources['cpu']}: this machine has {cores} cores; "
+                             f"ask for at most {cores}, or sweep on a cluster backend")
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+        if self.resources.get("mem", 0) > memory:
+            raise SweepError(f"hydra.launcher.mem={self.resources['mem']}: this machine has {memory} MiB; "
+                             f"ask for less, or sweep on a cluster backend")
+        if self.resources.get("gpu"):
+            from fiberrl.runtime.backends.local import visible_gpus
+            gpus = len(visible_gpus())
+            if self.resources["gpu"] > gpus:
+                raise SweepError(f"hydra.launcher.gpu={self.resources['gpu']}: this machine shows {gpus} GPUs "
+                                 f"(CUDA_VISIBLE_DEVICES or nvidia-smi); ask for at most {gpus}")
+
+    def _runs_at_once(self, runs: int) -> int:
+        if self.runs_at_once is not None:
+            return self.runs_at_once
+        if self._backend_name() != "local":
+            return max(1, runs)  # the cluster's manager queues what it cannot place yet
+        fit = [(os.cpu_count() or 1) // max(1.0, self.resources.get("cpu") or 1.0)]
+        if self.resources.get("mem"):
+            free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") >> 20
+            fit.append(free // self.resources["mem"])
+        if self.resources.get("gpu"):
+            from fiberrl.runtime.backends.local import visible_gpus
+            fit.append(len(visible_gpus()) // self.resources["gpu"])
+        return max(1, int(min(fit)))
+
+    # --- running --------------------------------------------------------------------------------
+    def _run_all(self, batch: list[Run], at_once: int, table: SweepTable) -> None:
+        waiting = deque(run for run in batch if run.state != "done")
+        running: list[Run] = []
+        table.refresh()
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                run = waiting.popleft()
+                self._start(run)
+                running.append(run)
+                table.changed(run)
+            wait([run.process.sentinel for run in running], timeout=0.5)
+            for run in [run for run in running if run.process.exitcode is not None]:
+                running.remove(run)
+                self._ended(run)
+                if run.state == "retrying":
+                    waiting.appendleft(run)
+                table.changed(run)
+            table.refresh()
+
+    def _start(self, run: Run) -> None:
+        import fiberrl.runtime as mp
+        config = run.config
+        run.resumed = bool(self.resume_key and run.folder.is_dir() and any(run.folder.glob(self.resume_needs)))
+        if run.resumed:
+            config = self._compose(run.num, run.overrides, [f"{self.resume_key}={run.folder}"])
+            with read_write(config.hydra), open_dict(config):
+                config.hydra.sweep.subdir = run.config.hydra.sweep.subdir
+        (run.folder / RETURN_FILE).unlink(missing_ok=True)
+        process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
+                             args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
+                                   Singleton.get_state(), self._fingerprint(run.config)))
+        process._resources = dict(self.resources)
+        process.start()
+        run.process, run.state = process, "running"
+        run.attempts += 1
+
+    def _ended(self, run: Run) -> None:
+        result = _read_return(run.folder / RETURN_FILE, self._fingerprint(run.config))
+        code = run.process.exitcode
+        run.process.close()
+        if result is not None:
+            result.hydra_cfg = result.hydra_cfg or run.config
+            run.result = result
+            run.state = "done" if result.status == JobStatus.COMPLETED else "failed"
+            if run.state == "failed":
+                error = result._return_value
+                run.why = f"{type(error).__name__}: {error}".splitlines()[0]
+            return
+        run.why = f"its job died ({_exit_text(code)}); its output: {run.folder / OUTPUT_LOG}"
+        if run.attempts <= self.retries:
+            log.warning(f"#{run.num}: {run.why}; starting it again"
+                        + (" from its checkpoint" if self.resume_key else ""))
+            run.state = "retrying"
+            return
+        run.state = "failed"
+        run.why = f"{run.why} ({run.attempts} tries)"
+        run.result = JobReturn(overrides=run.overrides, cfg=run.config, hydra_cfg=run.config,
+                               working_dir=str(run.folder), status=JobStatus.FAILED,
+                               _return_value=RunLost(f"job #{run.num}: {run.why}"))
+
+    def _stop(self, batch: list[Run]) -> None:
+        """Ctrl-C or an error here: every run's job ends (the runtime ends each job's own)."""
+        for run in batch:
+            if run.process is not None and run.state == "running":
+                run.process.kill()
+        for run in batch:
+            if run.process is not None and run.state == "running":
+                run.process.join(10)
+
+    def _report_failures(self, batch: list[Run]) -> None:
+        failed = [run for run in batch if run.state == "failed"]
+        if failed:
+            print(f"{len(failed)} of {len(batch)} runs failed:", file=sys.stderr)
+            for run in failed:
+                print(f"  #{run.num} {' '.join(filter_overrides(run.overrides))}: {run.why} "
+                      f"(log: {run.folder})", file=sys.stderr)
+
+
+def _hook(setting: str, spec: str):
+    import importlib
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SweepError(f"hydra.launcher.{setting}={spec}: {exc}; give it as module:function") from None
+
+
+def _without_hydra(config: DictConfig) -> DictConfig:
+    return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+
+
+def _read_return(path: Path, fingerprint: str) -> Optional[JobReturn]:
+    """The JobReturn a run left, if it was computed by what ``fingerprint`` stands for."""
+    try:
+        with open(path, "rb") as fh:
+            record = pickle.load(fh)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a damaged record is a run to do again, said once
+        log.warning(f"{path}: unreadable ({exc}); the run is done again")
+        return None
+    return record["return"] if record.get("fingerprint") == fingerprint else None
+
+
+def _exit_text(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        import signal
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
