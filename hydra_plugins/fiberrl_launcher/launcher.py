@@ -33,6 +33,8 @@ from .progress import SweepTable
 from .run_in_job import OUTPUT_LOG, RETURN_FILE, run_sweep_job
 
 log = logging.getLogger(__name__)
+# in the sweep's folder: the command line's overrides of the sweep it holds
+SWEEP_RECORD = ".sweep.yaml"
 
 
 class SweepError(Exception):
@@ -47,6 +49,7 @@ class RunLost(RuntimeError):
 class Run:
     num: int
     overrides: list[str]
+    label: str                      # the overrides in which it differs from the batch's other runs
     config: DictConfig
     folder: Path
     state: str = "queued"           # queued, running, retrying, done, failed
@@ -91,13 +94,17 @@ class FiberrlLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         try:
             self._check_settings()
-            batch = [self._plan(initial_job_idx + i, list(overrides)) for i, overrides in enumerate(job_overrides)]
+            self._check_sweep_dir(sweep_dir)
+            labels = _labels(job_overrides)
+            batch = [self._plan(initial_job_idx + i, list(overrides), labels[i])
+                     for i, overrides in enumerate(job_overrides)]
             self._configure_runtime()
             at_once = self._runs_at_once(len(batch))
         except SweepError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create({"task": list(self._sweep_overrides())}), sweep_dir / SWEEP_RECORD)
         self.runs.extend(batch)
         log.info(f"Launching {len(batch)} jobs, {at_once} at a time, on the {self._backend_name()} backend")
         for run in batch:
@@ -127,12 +134,24 @@ class FiberrlLauncher(Launcher):
             if isinstance(value, bool) or value < 0 or (key == "cpu" and value == 0):
                 raise SweepError(f"hydra.launcher.{key}={value}: must be a positive number")
 
-    def _plan(self, num: int, overrides: list[str]) -> Run:
+    def _sweep_overrides(self) -> list:
+        return list(self.config.hydra.overrides.task)
+
+    def _check_sweep_dir(self, sweep_dir: Path) -> None:
+        record = sweep_dir / SWEEP_RECORD
+        if not record.is_file():
+            return
+        before = list(OmegaConf.load(record).task)
+        if before != self._sweep_overrides():
+            raise SweepError(f"{sweep_dir} holds another sweep ({' '.join(before) or 'no overrides'}); choose "
+                             f"another hydra.sweep.dir, or run that sweep's own command to resume it")
+
+    def _plan(self, num: int, overrides: list[str], label: str) -> Run:
         """The run's config, composed and checked; its folder, checked to be this run's; what it
         already did there (a finished run keeps its result, an unfinished one resumes)."""
         config = self._compose(num, overrides)
         folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        run = Run(num, overrides, config, folder)
+        run = Run(num, overrides, label, config, folder)
         if self.check:
             self._check_run(run)
         ran = folder / ".hydra" / "overrides.yaml"
@@ -174,7 +193,7 @@ class FiberrlLauncher(Launcher):
         try:
             check(_without_hydra(run.config))
         except Exception as exc:
-            raise SweepError(f"job #{run.num} ({' '.join(run.overrides)}): {exc}") from None
+            raise SweepError(f"job #{run.num} ({run.label}): {exc}") from None
 
     def _configure_runtime(self) -> None:
         import fiberrl.runtime as mp
@@ -204,7 +223,7 @@ class FiberrlLauncher(Launcher):
     def _check_local_resources(self) -> None:
         cores = os.cpu_count() or 1
         if self.resources.get("cpu", 0) > cores:
-            raise SweepError(f"hydra.launcher.cpu={self.resources['cpu']}: this machine has {cores} cores; "
+            raise SweepError(f"hydra.launcher.cpu={self.resources['cpu']:g}: this machine has {cores} cores; "
                              f"ask for at most {cores}, or sweep on a cluster backend")
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
         if self.resources.get("mem", 0) > memory:
@@ -256,7 +275,9 @@ class FiberrlLauncher(Launcher):
         config = run.config
         run.resumed = bool(self.resume_key and run.folder.is_dir() and any(run.folder.glob(self.resume_needs)))
         if run.resumed:
-            config = self._compose(run.num, run.overrides, [f"{self.resume_key}={run.folder}"])
+            # quoted: a folder named by its overrides holds '=' and ','
+            quoted = str(run.folder).replace("\\", "\\\\").replace("'", "\\'")
+            config = self._compose(run.num, run.overrides, [f"{self.resume_key}='{quoted}'"])
             with read_write(config.hydra), open_dict(config):
                 config.hydra.sweep.subdir = run.config.hydra.sweep.subdir
         (run.folder / RETURN_FILE).unlink(missing_ok=True)
@@ -306,8 +327,14 @@ class FiberrlLauncher(Launcher):
         if failed:
             print(f"{len(failed)} of {len(batch)} runs failed:", file=sys.stderr)
             for run in failed:
-                print(f"  #{run.num} {' '.join(filter_overrides(run.overrides))}: {run.why} "
+                print(f"  #{run.num} {run.label}: {run.why} "
                       f"(log: {run.folder})", file=sys.stderr)
+
+
+def _labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
+    shared = set.intersection(*map(set, job_overrides)) if len(job_overrides) > 1 else set()
+    return [" ".join(o for o in filter_overrides(overrides) if o not in shared) or "(no overrides)"
+            for overrides in job_overrides]
 
 
 def _hook(setting: str, spec: str):

@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from hydra.core.utils import filter_overrides
-
 COLUMNS = ("job", "overrides", "state", "tries", "iteration", "env_steps", "eval_reward", "best_eval_reward",
            "steps_per_s", "folder", "why")
 # seconds between plain progress lines of the running runs (state changes are printed at once)
@@ -80,14 +78,14 @@ class SweepTable:
         rows = []
         for run in self.runs:
             tail = self.tails.setdefault(run.num, MetricsTail(run.folder / "metrics.jsonl"))
-            rows.append({"job": run.num, "overrides": " ".join(filter_overrides(run.overrides)),
+            rows.append({"job": run.num, "overrides": run.label,
                          "state": run.state + (" (resumed)" if run.resumed and run.state == "running" else ""),
                          "tries": run.attempts, **tail.read(), "folder": str(run.folder), "why": run.why})
         return rows
 
     def changed(self, run) -> None:
         if self.mode == "plain":
-            text = f"#{run.num} {' '.join(filter_overrides(run.overrides))}: {run.state}"
+            text = f"#{run.num} {run.label}: {run.state}"
             print(text + (f" ({run.why})" if run.why and run.state in ("retrying", "failed") else ""), flush=True)
 
     def refresh(self) -> None:

@@ -1,0 +1,226 @@
+"""``hydra/launcher=fiberrl`` as users meet it: sweeps of a small Hydra app and of fiberrl's own ES,
+runs that raise or are killed, a sweep resumed, bad input, Ctrl-C, one GPU per run."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT, wait_until
+from script_runs import session_members
+
+APP = """
+import os, time
+from pathlib import Path
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+@hydra.main(version_base=None, config_path=None)
+def app(cfg):
+    out = Path(HydraConfig.get().runtime.output_dir)
+    (out / "pid").write_text(str(os.getpid()))
+    (out / "gpus").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    time.sleep(cfg.get("sleep", 0))
+    if cfg.get("fail"):
+        raise ValueError(f"run {cfg.x} was told to fail")
+    return cfg.x * 10
+
+if __name__ == "__main__":
+    app()
+"""
+
+
+def sweep(args, cwd, env=None, timeout=180, wait=True):
+    proc = subprocess.Popen([PYTHON, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    if not wait:
+        return proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
+    assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
+    return proc.returncode, out, err
+
+
+def table(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "sweep.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture
+def app(tmp_path):
+    path = tmp_path / "app.py"
+    path.write_text(APP)
+    return path
+
+
+def test_runs_go_at_the_same_time_and_a_failing_run_stops_none_of_the_others(app, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    began = time.monotonic()
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.runs_at_once=4",
+                            "+x=1,2,3,4", "+sleep=3", f"hydra.sweep.dir={sweep_dir}", "+fail=false",
+                            "hydra.sweep.subdir=${hydra.job.num}"], tmp_path, timeout=120)
+    assert code == 0, err
+    # four 3 s runs at once, not one after another
+    assert time.monotonic() - began < 4 * 3, out
+    assert [row["state"] for row in table(sweep_dir)] == ["done"] * 4
+
+    failing = tmp_path / "failing"
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1,2,3", "+fail=false,true",
+                            f"hydra.sweep.dir={failing}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path)
+    assert code != 0
+    rows = table(failing)
+    assert [row["state"] for row in rows] == ["done", "failed"] * 3
+    assert "1 of 6" not in err and "3 of 6 runs failed" in err, err
+    assert "ValueError: run 2 was told to fail" in rows[3]["why"]
+    # the traceback is in the run's own log and output
+    assert "was told to fail" in (failing / "3" / "app.log").read_text()
+    assert "Traceback" in (failing / "3" / "output.log").read_text()
+
+
+def test_a_killed_run_is_retried_and_a_bad_value_stops_the_sweep_before_it_starts(app, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1,2", "+sleep=4", "+fail=false",
+                  f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain"],
+                 tmp_path, wait=False)
+    pid_file = sweep_dir / "0" / "pid"
+    assert wait_until(pid_file.exists, 60)
+    first = int(pid_file.read_text())
+    os.kill(first, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert int(pid_file.read_text()) != first
+    rows = table(sweep_dir)
+    assert [(row["state"], row["tries"]) for row in rows] == [("done", "2"), ("done", "1")]
+    assert "#0 +x=1: retrying (its job died (killed by SIGKILL)" in out
+
+    # a run whose job keeps dying fails after its retries; the sweep still ends, non-zero
+    proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.retries=0", "+x=1", "+sleep=30",
+                  f"hydra.sweep.dir={tmp_path / 'lost'}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path, wait=False)
+    pid_file = tmp_path / "lost" / "0" / "pid"
+    assert wait_until(pid_file.exists, 60)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "1 of 1 runs failed" in err and "killed by SIGKILL" in err and "(1 tries)" in err
+
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.cpu=1000", "+x=1",
+                            f"hydra.sweep.dir={tmp_path / 'big'}"], tmp_path)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: hydra.launcher.cpu=1000: this machine has")
+    assert not list((tmp_path / "big").glob("*/"))
+
+
+def test_the_sweep_process_ending_ends_every_run(app, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1,2", "+sleep=60", "+fail=false",
+                  f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path, wait=False)
+    pids = [sweep_dir / str(n) / "pid" for n in (0, 1)]
+    assert wait_until(lambda: all(p.exists() for p in pids), 60)
+    runs = [int(p.read_text()) for p in pids]
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in runs), 15)
+
+    # killed outright, the sweep's runs end by their lifelines
+    proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1,2", "+sleep=60", "+fail=false",
+                  f"hydra.sweep.dir={tmp_path / 'again'}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path,
+                 wait=False)
+    pids = [tmp_path / "again" / str(n) / "pid" for n in (0, 1)]
+    assert wait_until(lambda: all(p.exists() for p in pids), 60)
+    runs = [int(p.read_text()) for p in pids]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in runs), 30)
+
+
+def test_each_run_gets_its_own_gpu(app, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.gpu=1", "+x=1,2,3,4",
+                            "+sleep=2", "+fail=false", f"hydra.sweep.dir={sweep_dir}",
+                            "hydra.sweep.subdir=${hydra.job.num}"], tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert code == 0, err
+    gpus = [(sweep_dir / str(n) / "gpus").read_text() for n in range(4)]
+    assert sorted(gpus) == ["0", "0", "1", "1"]
+    # two GPUs, one each: two runs at a time, never two on one GPU
+    assert gpus[0] != gpus[1]
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.gpu=3", "+x=1",
+                            f"hydra.sweep.dir={tmp_path / 'more'}"], tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert code == 2 and "hydra.launcher.gpu=3: this machine shows 2 GPUs" in err
+
+
+ES = ["-m", "fiberrl", "-m", "algo=es", "env=cartpole", "workers=1", "algo.population=16", "algo.iterations=8",
+      "algo.eval_episodes=1", "tensorboard=false"]
+# what the clock decides: the rest of a run's metrics are what it computed
+TIMING = {"utilisation", "pool_utilisation"}
+
+
+def es_metrics(folder: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if k not in TIMING and not k.endswith("_s")} for m in lines]
+
+
+def run_pid(folder: Path) -> int:
+    """The run's own process: the one whose output goes to its output.log and whose parent's does not."""
+    log = str(folder / "output.log")
+
+    def writes_log(pid):
+        try:
+            return os.readlink(f"/proc/{pid}/fd/1") == log
+        except OSError:
+            return False
+
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and writes_log(entry):
+            with open(f"/proc/{entry}/stat") as fh:
+                parent = fh.read().rsplit(") ", 1)[1].split()[1]
+            if not writes_log(parent):
+                return int(entry)
+    raise AssertionError(f"no process writes {log}")
+
+
+def test_fiberrl_sweep_killed_run_resumes_from_its_checkpoint_and_a_partial_sweep_resumes(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, "algo.checkpoint_every=2,3", f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.table=plain",
+            "hydra.launcher.retries=0"]
+    proc = sweep(args, ROOT, wait=False)
+    folders = lambda: sorted(p for p in sweep_dir.glob("*") if p.is_dir())  # noqa: E731
+    assert wait_until(lambda: len(folders()) == 2 and any((folders()[0] / "checkpoints").glob("*.npz")), 90)
+    killed = folders()[0]
+    os.kill(run_pid(killed), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode != 0 and "1 of 2 runs failed" in err, err
+    assert [row["state"] for row in table(sweep_dir)] == ["failed", "done"]
+    done_before = (folders()[1] / ".hydra" / "job_return.pickle").stat().st_mtime
+
+    # the same command again: the finished run is kept, the killed one goes on from its checkpoint
+    code, out, err = sweep(args, ROOT)
+    assert code == 0, err
+    rows = table(sweep_dir)
+    assert [row["state"] for row in rows] == ["done", "done"]
+    assert (folders()[1] / ".hydra" / "job_return.pickle").stat().st_mtime == done_before
+    assert folders() == sorted([killed, folders()[1]]) and len(folders()) == 2
+    assert f"resume='{killed}'" in (killed / ".hydra" / "overrides.yaml").read_text()
+    # and computes what the run that was never killed computed
+    assert es_metrics(killed) == es_metrics(folders()[1])
+    assert len(es_metrics(killed)) == 8
+
+    # a sweep of other runs pointed at this folder is refused before it starts
+    code, out, err = sweep([*ES, "algo.checkpoint_every=4,5", f"hydra.sweep.dir={sweep_dir}"], ROOT)
+    assert code == 2 and f"error: {sweep_dir} holds another sweep (algo=es env=cartpole" in err, err
+
+
+def test_a_bad_value_in_any_run_is_reported_before_any_run_starts(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    code, out, err = sweep([*ES, "algo.sigma=0.05,-1", f"hydra.sweep.dir={sweep_dir}"], ROOT)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: job #1 (algo.sigma=-1): algo.sigma=-1"), err
+    assert not [p for p in sweep_dir.glob("*") if p.is_dir()]
