@@ -224,3 +224,40 @@ def test_a_bad_value_in_any_run_is_reported_before_any_run_starts(tmp_path):
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("error: job #1 (algo.sigma=-1): algo.sigma=-1"), err
     assert not [p for p in sweep_dir.glob("*") if p.is_dir()]
+
+
+def kill_run_job(backend: str, folder: Path) -> None:
+    """End a run's job as its cluster would: the container removed, the Slurm job cancelled."""
+    where = json.loads((folder / ".hydra" / "job_where.json").read_text())
+    if backend == "docker":
+        subprocess.run(["docker", "rm", "-f", where["host"]], check=True, capture_output=True, timeout=60)
+    else:
+        subprocess.run(["scancel", where["slurm_job_id"]], check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("backend", ["docker", "slurm"])
+def test_a_sweep_on_a_cluster_backend_retries_the_run_whose_job_it_lost(backend, tmp_path):
+    import importlib
+    helper = importlib.import_module(f"{backend}_backend")
+    reason = helper.available()
+    if reason:
+        pytest.skip(reason)
+    settings = {k: v for k, v in helper.settings().items() if k != "backend"}
+    sweep_dir = Path(ROOT) / "runs" / "test-sweeps" / f"{backend}-{os.getpid()}-{time.monotonic_ns()}"
+    args = [*ES, "algo.iterations=12", "algo.checkpoint_every=2", "seed=0,1", f"backend={backend}",
+            *[f"backend.settings.{k}={v}" for k, v in settings.items()], f"hydra.sweep.dir={sweep_dir}",
+            "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain"]
+    try:
+        proc = sweep(args, ROOT, wait=False)
+        first = lambda: [p for p in [sweep_dir / "0"] if p.is_dir()]  # noqa: E731
+        assert wait_until(lambda: proc.poll() is not None or first() and any((first()[0] / "checkpoints").glob("*.npz")),
+                          240) and proc.poll() is None, proc.stderr.read() if proc.poll() is not None else "no checkpoint"
+        kill_run_job(backend, first()[0])
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{out}\n{err}"
+        assert [(row["state"], row["tries"]) for row in table(sweep_dir)] == [("done", "2"), ("done", "1")]
+        assert len(es_metrics(first()[0])) == 12
+        assert wait_until(lambda: not helper.leftovers(), 60), helper.leftovers()
+    finally:
+        import shutil
+        shutil.rmtree(sweep_dir, ignore_errors=True)

@@ -284,10 +284,19 @@ class FiberrlLauncher(Launcher):
         process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
                              args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
                                    Singleton.get_state(), self._fingerprint(run.config)))
-        process._resources = dict(self.resources)
+        process._resources = {**self.resources, **self._to_start_jobs()}
         process.start()
         run.process, run.state = process, "running"
         run.attempts += 1
+
+    def _to_start_jobs(self) -> dict:
+        """What a run's job needs to start its own workers as jobs: on Docker, the daemon's socket
+        (as ``fiberrl submit`` gives a master; the run's workers do not get it)."""
+        if self._backend_name() != "docker":
+            return {}
+        from fiberrl.runtime.backends.docker import DOCKER_SOCKET, docker_host
+        host = docker_host()
+        return {"volumes": {host[len("unix://"):]: DOCKER_SOCKET}} if host.startswith("unix://") else {}
 
     def _ended(self, run: Run) -> None:
         result = _read_return(run.folder / RETURN_FILE, self._fingerprint(run.config))

@@ -12,8 +12,9 @@ from pathlib import Path
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 
-# in the run's folder: the run's stdout and stderr, and its JobReturn once it has ended
+# in the run's folder: the run's stdout and stderr, where its job runs, and its JobReturn once it has ended
 OUTPUT_LOG = "output.log"
+WHERE_FILE = Path(".hydra") / "job_where.json"
 RETURN_FILE = Path(".hydra") / "job_return.pickle"
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ def run_sweep_job(hydra_context, task_function, config, overrides, run_dir: str,
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     _output_into(folder / OUTPUT_LOG)
+    _say_where(folder / WHERE_FILE)
     try:
         ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
@@ -41,6 +43,15 @@ def run_sweep_job(hydra_context, task_function, config, overrides, run_dir: str,
         traceback.print_exception(error, file=sys.stderr)
         ret._return_value = _sendable_error(error)
     _write_return(folder / RETURN_FILE, ret, fingerprint)
+
+
+def _say_where(path: Path) -> None:
+    """Which job is this run's, for whoever has to find it: host, pid, the Slurm job, the container."""
+    import json
+    import socket
+    where = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(where) + "\n")
 
 
 def _output_into(path: Path) -> None:
