@@ -3,20 +3,15 @@
 import sys
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 
-from fiberrl.app import run_or_exit
+from fiberrl.app import task
 from fiberrl.config import CONFIG_DIR, register_configs, register_resolvers
 
 register_resolvers()
 register_configs(sys.argv[1:])
 
-
-@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
-def main(cfg):
-    """Returns the run's best eval reward, the objective a sweeper (Optuna, Nevergrad, PBT) reads."""
-    summary = run_or_exit(cfg, HydraConfig.get().runtime.output_dir)
-    return summary.get("best_eval_reward")
+# task lives in fiberrl.app: a sweep's run jobs import it from there (a package's __main__ is not importable)
+main = hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")(task)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from hydra_plugins.fiberrl_launcher.hooks import sweepable
 from omegaconf import OmegaConf
 
 from algos import algorithm
@@ -135,3 +136,14 @@ def run_or_exit(cfg, run_dir) -> dict:
     except (UsageError, UnknownEnvironment, CheckpointMismatch, NoUsableCheckpoint) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# a sweep (hydra/launcher=fiberrl) checks every run's settings before any starts, starts each run as
+# a job of the backend its config names, and a run whose job died goes on from its checkpoint
+@sweepable(check=validate, configure=configure_backend_of, resume_key="resume", resume_needs="checkpoints/*.npz")
+def task(cfg):
+    """``python -m fiberrl``'s task: one run in Hydra's output folder. Returns the run's best eval
+    reward, the objective a sweeper (Optuna, Nevergrad, PBT) reads."""
+    from hydra.core.hydra_config import HydraConfig
+    summary = run_or_exit(cfg, HydraConfig.get().runtime.output_dir)
+    return summary.get("best_eval_reward")

@@ -250,3 +250,35 @@ def test_a_started_process_lets_go_of_its_target_and_arguments():
     p.join(30)
     gc.collect()
     assert gone() is None
+
+
+LOKY_LIKE = """
+import multiprocessing, multiprocessing.context
+import fiberrl.runtime as mp
+
+# as loky does in a joblib worker: a start method of its own, registered and chosen in this process only
+class OwnContext(multiprocessing.context.SpawnContext):
+    _name = "own"
+multiprocessing.context._concrete_contexts["own"] = OwnContext()
+multiprocessing.set_start_method("own", force=True)
+
+def child(q):
+    q.put("ran")
+
+if __name__ == "__main__":
+    q = mp.SimpleQueue()
+    p = mp.Process(target=child, args=(q,))
+    p.start()
+    p.join()
+    print(p.exitcode)
+    if p.exitcode == 0:
+        print(q.get())
+"""
+
+
+def test_a_process_started_where_another_library_chose_its_own_start_method_runs(tmp_path):
+    # a sweep run by hydra-joblib-launcher starts fiberrl processes from a loky worker
+    script = tmp_path / "loky_like.py"
+    script.write_text(LOKY_LIKE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0", "ran"], done.stderr

@@ -16,8 +16,7 @@ class FiberrlLauncherConf:
     # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml); settings: the runtime's (image, ...)
     backend: Optional[str] = None
     backend_settings: Dict[str, Any] = field(default_factory=dict)
-    # or "module:function" called with the sweep's config to configure the runtime (an app whose
-    # config names its backend: fiberrl's sets fiberrl.app:configure_backend_of)
+    # or "module:function" called with the sweep's config to configure the runtime
     configure: Optional[str] = None
     # what one run's job asks for, as @meta has them: cores, GPUs (each run its own), MiB
     cpu: Optional[float] = 1
@@ -28,9 +27,11 @@ class FiberrlLauncherConf:
     retries: int = 2
     # a retried or resumed run gets `<resume_key>=<its folder>` when its folder holds resume_needs (a glob)
     resume_key: Optional[str] = None
-    resume_needs: str = "*"
+    resume_needs: Optional[str] = None
     # "module:function" called with each run's config before any run starts; it raises on a bad value
     check: Optional[str] = None
+    # (an app can give check, configure, resume_key and resume_needs on its task function instead:
+    # hydra_plugins.fiberrl_launcher.hooks.sweepable; these settings take precedence)
     # the live table: auto (refreshed in place on a terminal, plain lines otherwise), plain, or off
     table: str = "auto"
 

@@ -29,6 +29,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from .hooks import hooks_of
 from .progress import SweepTable
 from .run_in_job import OUTPUT_LOG, RETURN_FILE, run_sweep_job
 
@@ -65,7 +66,7 @@ class FiberrlLauncher(Launcher):
     def __init__(self, runs_at_once: Optional[int] = None, backend: Optional[str] = None,
                  backend_settings: Any = None, cpu: Optional[float] = 1, gpu: Optional[int] = None,
                  mem: Optional[int] = None, retries: int = 2, resume_key: Optional[str] = None,
-                 resume_needs: str = "*", check: Optional[str] = None, configure: Optional[str] = None,
+                 resume_needs: Optional[str] = None, check: Optional[str] = None, configure: Optional[str] = None,
                  table: str = "auto") -> None:
         self.runs_at_once = runs_at_once
         self.backend = backend
@@ -86,6 +87,12 @@ class FiberrlLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        # what the app says of itself, where the settings say nothing
+        hooks = hooks_of(task_function)
+        self.check = self.check or hooks.get("check")
+        self.configure = self.configure or hooks.get("configure")
+        self.resume_key = self.resume_key or hooks.get("resume_key")
+        self.resume_needs = self.resume_needs or hooks.get("resume_needs") or "*"
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
@@ -346,8 +353,11 @@ def _labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
             for overrides in job_overrides]
 
 
-def _hook(setting: str, spec: str):
+def _hook(setting: str, spec):
+    """A callable the app gave, or one a setting names as module:function."""
     import importlib
+    if callable(spec):
+        return spec
     module, _, name = spec.partition(":")
     try:
         return getattr(importlib.import_module(module), name)

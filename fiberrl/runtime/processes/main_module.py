@@ -19,6 +19,10 @@ def preparation_data(name: str) -> dict:
     if logger.level != logging.NOTSET:
         prep["fiberrl_log_level"] = logger.level
     prep["fiberrl_log_to_stderr"] = any(getattr(h, "_fiberrl_stderr", False) for h in logger.handlers)
+    if prep.get("start_method") not in multiprocessing.get_all_start_methods():
+        # a start method another library registered in this process (loky's, in a joblib worker):
+        # the job has not imported that library, and sets no method rather than fail to set it
+        prep.pop("start_method", None)
     path = prep.get("init_main_from_path")
     if path is not None and not os.path.isfile(path):
         # a script read from stdin ("<stdin>") has no file to import again; its

@@ -1,0 +1,28 @@
+"""What an app tells the launcher about itself, on its task function: how to check a run's config
+before any run starts, how to set up the runtime from the sweep's config, and how a run goes on
+from its own folder. Settings of the same names (``hydra.launcher.check=module:function``, ...)
+take precedence.
+
+    @sweepable(check=validate, resume_key="resume", resume_needs="checkpoints/*.npz")
+    def main(cfg): ...
+    main = hydra.main(...)(main)   # the task function Hydra hands the launcher is the undecorated one
+"""
+from typing import Callable, Optional
+
+_ATTRIBUTE = "__fiberrl_sweep__"
+
+
+def sweepable(*, check: Optional[Callable] = None, configure: Optional[Callable] = None,
+              resume_key: Optional[str] = None, resume_needs: str = "*"):
+    """``check(cfg)`` raises on a bad value; ``configure(cfg)`` sets up the runtime (its backend) from
+    the sweep's config; a run started again gets ``<resume_key>=<its folder>`` when the folder holds
+    ``resume_needs`` (a glob)."""
+    def mark(task):
+        setattr(task, _ATTRIBUTE, dict(check=check, configure=configure, resume_key=resume_key,
+                                       resume_needs=resume_needs))
+        return task
+    return mark
+
+
+def hooks_of(task) -> dict:
+    return dict(getattr(task, _ATTRIBUTE, {}))
