@@ -92,3 +92,16 @@ def test_children_inherit_the_resolved_config():
     p.start()
     assert q.get(timeout=30) == 4.5
     p.join(30)
+
+
+def test_a_sweep_folder_is_not_named_by_where_its_run_runs():
+    # a backend setting (a volume's path, an image) says where a run runs, not what it computes
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from fiberrl.config import CONFIG_DIR
+    from fiberrl.runtime.config import RuntimeConfig
+    excluded = set(OmegaConf.load(f"{CONFIG_DIR}/config.yaml").hydra.job.config.override_dirname.exclude_keys)
+    settings = {f"backend.settings.{f.name}" for f in dataclasses.fields(RuntimeConfig) if f.name != "backend"}
+    assert settings - excluded == set()

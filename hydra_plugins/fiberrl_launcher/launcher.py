@@ -259,6 +259,10 @@ class FiberrlLauncher(Launcher):
 
     # --- running --------------------------------------------------------------------------------
     def _run_all(self, batch: list[Run], at_once: int, table: SweepTable) -> None:
+        from fiberrl.runtime import set_forkserver_preload
+        # local run jobs are forked with the app and Hydra's job machinery already imported
+        set_forkserver_preload(sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
+                                       getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"}))
         waiting = deque(run for run in batch if run.state != "done")
         running: list[Run] = []
         table.refresh()
@@ -313,6 +317,8 @@ class FiberrlLauncher(Launcher):
             result.hydra_cfg = result.hydra_cfg or run.config
             run.result = result
             run.state = "done" if result.status == JobStatus.COMPLETED else "failed"
+            if run.state == "done" and run.why:
+                run.why = f"an earlier try: {run.why}"
             if run.state == "failed":
                 error = result._return_value
                 run.why = f"{type(error).__name__}: {error}".splitlines()[0]
