@@ -227,15 +227,19 @@ def test_a_bad_value_in_any_run_is_reported_before_any_run_starts(tmp_path):
 
 
 def kill_run_job(backend: str, folder: Path) -> None:
-    """End a run's job as its cluster would: the container removed, the Slurm job cancelled."""
+    """End a run's job as its cluster would: the container removed, the Slurm job cancelled, the pod's
+    process killed (as the OOM killer does; the stand-in API server runs a pod as a local process)."""
     where = json.loads((folder / ".hydra" / "job_where.json").read_text())
     if backend == "docker":
         subprocess.run(["docker", "rm", "-f", where["host"]], check=True, capture_output=True, timeout=60)
-    else:
+    elif backend == "slurm":
         subprocess.run(["scancel", where["slurm_job_id"]], check=True, capture_output=True, timeout=60)
+    else:
+        os.kill(where["pid"], signal.SIGKILL)
 
 
-@pytest.mark.parametrize("backend", ["docker", "slurm"])
+# kubernetes: against the stand-in API server (tests/k8s_standin), no cluster being able to run here
+@pytest.mark.parametrize("backend", ["docker", "slurm", "kubernetes"])
 def test_a_sweep_on_a_cluster_backend_retries_the_run_whose_job_it_lost(backend, tmp_path):
     import importlib
     helper = importlib.import_module(f"{backend}_backend")
