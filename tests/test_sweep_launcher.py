@@ -212,6 +212,9 @@ def test_fiberrl_sweep_killed_run_resumes_from_its_checkpoint_and_a_partial_swee
     # and computes what the run that was never killed computed
     assert es_metrics(killed) == es_metrics(folders()[1])
     assert len(es_metrics(killed)) == 8
+    # the plot finds both runs in the sweep's folder (each a config of its own: their cadence differs)
+    from fiberrl.plot import group_runs
+    assert sorted(len(runs) for runs in group_runs([sweep_dir]).values()) == [1, 1]
 
     # a sweep of other runs pointed at this folder is refused before it starts
     code, out, err = sweep([*ES, "algo.checkpoint_every=4,5", f"hydra.sweep.dir={sweep_dir}"], ROOT)
