@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import textwrap
 import time
 from pathlib import Path
 
@@ -256,14 +255,15 @@ def test_a_sweep_on_a_cluster_backend_retries_the_run_whose_job_it_lost(backend,
             "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain"]
     try:
         proc = sweep(args, ROOT, wait=False)
-        first = lambda: [p for p in [sweep_dir / "0"] if p.is_dir()]  # noqa: E731
-        assert wait_until(lambda: proc.poll() is not None or first() and any((first()[0] / "checkpoints").glob("*.npz")),
-                          240) and proc.poll() is None, proc.stderr.read() if proc.poll() is not None else "no checkpoint"
-        kill_run_job(backend, first()[0])
+        first = sweep_dir / "0"
+        checkpointed = lambda: any((first / "checkpoints").glob("*.npz"))  # noqa: E731
+        assert wait_until(lambda: proc.poll() is not None or checkpointed(), 240) and proc.poll() is None, \
+            proc.stderr.read() if proc.poll() is not None else "no checkpoint"
+        kill_run_job(backend, first)
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{out}\n{err}"
         assert [(row["state"], row["tries"]) for row in table(sweep_dir)] == [("done", "2"), ("done", "1")]
-        assert len(es_metrics(first()[0])) == 12
+        assert len(es_metrics(first)) == 12
         assert wait_until(lambda: not helper.leftovers(), 60), helper.leftovers()
     finally:
         import shutil

@@ -14,10 +14,10 @@ import logging
 import marshal
 import os
 import pickle
+import signal
 import sys
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -59,7 +59,6 @@ class Run:
     result: Optional[JobReturn] = None
     why: str = ""                   # a failed run's reason, in one line
     resumed: bool = False           # whether its latest start went on from its checkpoint
-    metrics: dict = field(default_factory=dict)
 
 
 class FiberrlLauncher(Launcher):
@@ -349,8 +348,7 @@ class FiberrlLauncher(Launcher):
         if failed:
             print(f"{len(failed)} of {len(batch)} runs failed:", file=sys.stderr)
             for run in failed:
-                print(f"  #{run.num} {run.label}: {run.why} "
-                      f"(log: {run.folder})", file=sys.stderr)
+                print(f"  #{run.num} {run.label}: {run.why} (log: {run.folder})", file=sys.stderr)
 
 
 def _labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
@@ -390,7 +388,6 @@ def _read_return(path: Path, fingerprint: str) -> Optional[JobReturn]:
 
 def _exit_text(code: Optional[int]) -> str:
     if code is not None and code < 0:
-        import signal
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
