@@ -14,7 +14,7 @@ from conftest import PYTHON, ROOT, wait_until
 from script_runs import session_members
 
 APP = """
-import os, time
+import os, sys, time
 from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +27,8 @@ def app(cfg):
     time.sleep(cfg.get("sleep", 0))
     if cfg.get("fail"):
         raise ValueError(f"run {cfg.x} was told to fail")
+    if cfg.get("exit") is not None:
+        sys.exit(cfg.exit)
     return cfg.x * 10
 
 if __name__ == "__main__":
@@ -83,6 +85,13 @@ def test_runs_go_at_the_same_time_and_a_failing_run_stops_none_of_the_others(app
     # the traceback is in the run's own log and output
     assert "was told to fail" in (failing / "3" / "app.log").read_text()
     assert "Traceback" in (failing / "3" / "output.log").read_text()
+
+    # a task that exits: with 0 its run is done, otherwise failed
+    exiting = tmp_path / "exiting"
+    code, out, err = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1", "+exit=0,3",
+                            f"hydra.sweep.dir={exiting}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path)
+    assert code != 0
+    assert [(row["state"], row["why"]) for row in table(exiting)] == [("done", ""), ("failed", "SystemExit: 3")]
 
 
 def test_a_killed_run_is_retried_and_a_bad_value_stops_the_sweep_before_it_starts(app, tmp_path):

@@ -2,9 +2,11 @@
 the run's folder, and its ``JobReturn`` left beside Hydra's own records for the launcher to read."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -31,9 +33,10 @@ def run_sweep_job(hydra_context, task_function, config, overrides, run_dir: str,
     try:
         ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-    except SystemExit as exc:  # a task that exits ends its run, as an exception does
-        ret = JobReturn(cfg=config, hydra_cfg=config, working_dir=str(folder), status=JobStatus.FAILED,
-                        _return_value=exc)
+    except SystemExit as exc:  # a task that exits non-zero fails its run, as an exception does
+        ok = exc.code in (0, None)
+        ret = JobReturn(cfg=config, hydra_cfg=config, working_dir=str(folder),
+                        status=JobStatus.COMPLETED if ok else JobStatus.FAILED, _return_value=None if ok else exc)
     # its overrides as the sweep gave them, without the resume the launcher may have added
     ret.overrides = list(overrides)
     if ret.status == JobStatus.FAILED:
@@ -47,8 +50,6 @@ def run_sweep_job(hydra_context, task_function, config, overrides, run_dir: str,
 
 def _say_where(path: Path) -> None:
     """Which job is this run's, for whoever has to find it: host, pid, the Slurm job, the container."""
-    import json
-    import socket
     where = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(where) + "\n")
