@@ -159,6 +159,14 @@ def test_a_short_run_grows_the_population_and_resumes_to_the_same_result(tmp_pat
     assert [(i, e) for i, e, _ in resumed["pairs"]] == [(i, e) for i, e, _ in whole["pairs"]]
 
 
+def test_the_small_preset_gets_its_walker_off_the_ground_early(tmp_path):
+    # a learning check: seed 1 creates its first terrain at iteration 12 (with algo.es.sigma=0.1, the
+    # preset's earlier value, it created none within 40 iterations)
+    summary = run(compose(["+experiment=poet_small", "workers=2", "seed=1", "algo.iterations=13",
+                           "tensorboard=false"]), tmp_path / "run")
+    assert summary["envs_created"] >= 1, summary
+
+
 def test_es_settings_newer_than_some_poet_checkpoints_leave_their_fingerprint_alone_at_their_defaults():
     from fiberrl.app import fingerprint
     newer = {"optimizer", "clipup_momentum", "max_speed", "sigma_decay", "sigma_min", "episodes_per_eval",
