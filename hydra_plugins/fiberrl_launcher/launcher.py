@@ -53,6 +53,7 @@ class Run:
     label: str                      # the overrides in which it differs from the batch's other runs
     config: DictConfig
     folder: Path
+    fingerprint: str                # what its result follows from (FiberrlLauncher._fingerprint)
     state: str = "queued"           # queued, running, retrying, done, failed
     attempts: int = 0
     process: Any = None
@@ -157,7 +158,7 @@ class FiberrlLauncher(Launcher):
         already did there (a finished run keeps its result, an unfinished one resumes)."""
         config = self._compose(num, overrides)
         folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        run = Run(num, overrides, label, config, folder)
+        run = Run(num, overrides, label, config, folder, self._fingerprint(config))
         if self.check:
             self._check_run(run)
         ran = folder / ".hydra" / "overrides.yaml"
@@ -168,7 +169,7 @@ class FiberrlLauncher(Launcher):
                 raise SweepError(f"{folder} holds another sweep's run ({' '.join(before) or 'no overrides'}), "
                                  f"not job #{num} ({' '.join(overrides) or 'no overrides'}); choose another "
                                  f"hydra.sweep.dir, or run that sweep's own command to resume it")
-        earlier = _read_return(folder / RETURN_FILE, self._fingerprint(config))
+        earlier = _read_return(folder / RETURN_FILE, run.fingerprint)
         if earlier is not None and earlier.status == JobStatus.COMPLETED:
             earlier.hydra_cfg = earlier.hydra_cfg or config
             run.state, run.result = "done", earlier
@@ -262,6 +263,8 @@ class FiberrlLauncher(Launcher):
         # local run jobs are forked with the app and Hydra's job machinery already imported
         set_forkserver_preload(sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
                                        getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"}))
+        # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
+        self._hydra_state = Singleton.get_state()
         waiting = deque(run for run in batch if run.state != "done")
         running: list[Run] = []
         table.refresh()
@@ -293,7 +296,7 @@ class FiberrlLauncher(Launcher):
         (run.folder / RETURN_FILE).unlink(missing_ok=True)
         process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
                              args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
-                                   Singleton.get_state(), self._fingerprint(run.config)))
+                                   self._hydra_state, run.fingerprint))
         process._resources = {**self.resources, **self._to_start_jobs()}
         process.start()
         run.process, run.state = process, "running"
@@ -309,7 +312,7 @@ class FiberrlLauncher(Launcher):
         return {"volumes": {host[len("unix://"):]: DOCKER_SOCKET}} if host.startswith("unix://") else {}
 
     def _ended(self, run: Run) -> None:
-        result = _read_return(run.folder / RETURN_FILE, self._fingerprint(run.config))
+        result = _read_return(run.folder / RETURN_FILE, run.fingerprint)
         code = run.process.exitcode
         run.process.close()
         if result is not None:
