@@ -1,16 +1,23 @@
 """What the app needs to know of an algorithm, declared by the algorithm.
 
 Each module in ``algos/`` ends with one ``ALGORITHM = Algorithm(...)`` record,
-and ``algos.ALGORITHMS`` names the module of each; ``algos.algorithm(name)``
-imports it and returns its record.  The app reads nothing else of an
-algorithm module.  This module imports nothing of the app, so an algorithm's
-workers do not pay for Hydra.
+and ``ALGORITHMS`` below names the module of each; ``algorithm(name)`` imports
+it, when it is asked for, and returns its record (PPO's module imports torch,
+which ES need not pay for).  The app reads nothing else of an algorithm module
+and imports none by itself: the algorithms sit above the app's pieces they
+use (this module, ``fiberrl.run``, ``fiberrl.validation``, ``fiberrl.rl``).
+This module imports nothing of the app, so an algorithm's workers do not pay
+for Hydra.
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# algo=<name> -> the module whose ALGORITHM record it is
+ALGORITHMS = {"es": "algos.es", "ppo": "algos.ppo", "poet": "algos.poet"}
 
 # top-level settings that do not change what a run computes, unless an algorithm says otherwise
 RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard"})
@@ -47,3 +54,8 @@ class Algorithm:
     app_resume_may_change: frozenset[str] = RESUME_MAY_CHANGE  # the same of the top-level settings
     takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
     has_env_servers: bool = False               # steps its envs on env servers, whose engine env.engine picks
+
+
+def algorithm(name: str) -> Algorithm:
+    """The ``Algorithm`` record of ``algo=<name>``."""
+    return importlib.import_module(ALGORITHMS[name]).ALGORITHM

@@ -6,14 +6,14 @@ import os
 import sys
 from pathlib import Path
 
-from hydra_plugins.fiberrl_launcher.hooks import sweepable
 from omegaconf import OmegaConf
 
-from algos import algorithm
+from .algorithm import algorithm
 
 from .config import APP_RULES, BACKEND_RULES, ENV_RULES
 from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
+from .sweepable import sweepable
 from .validation import UsageError, check_fields
 
 # what a local worker process costs, to refuse worker counts the machine cannot hold: forked

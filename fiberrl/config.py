@@ -11,6 +11,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from .algorithm import ALGORITHMS, algorithm
 from .validation import ANY, Rule, at_least, non_empty, one_of, optional
 
 # the repository's configs/ in a checkout or an editable install; a wheel ships it as fiberrl/configs
@@ -108,8 +109,6 @@ def register_resolvers() -> None:
 def register_configs(command_line: list[str] | None = None) -> None:
     """Put the schemas in Hydra's ConfigStore: every algorithm's, or, given
     the command line, only those it can use (see :func:`algorithms_used`)."""
-    from algos import ALGORITHMS, algorithm
-
     store = ConfigStore.instance()
     store.store(name="app_schema", node=AppConfig)
     # under schema/, so they are not offered as choices of the groups they type
@@ -124,8 +123,6 @@ def algorithms_used(command_line: list[str]) -> list[str]:
     one when it names none; all of them when a file may choose (an experiment,
     another config) or it sweeps.  An algorithm's schema costs the import of
     its module, torch and all for PPO (about 1.5 s), which ES need not pay."""
-    from algos import ALGORITHMS
-
     named = [arg.split("=", 1)[1] for arg in command_line if arg.startswith("algo=")]
     keys = [arg.lstrip("+~").split("=", 1)[0] for arg in command_line
             if arg not in ("-m", "--multirun") and not arg.startswith("algo=")]

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
-from .algorithm import LoadedPolicy
+from .algorithm import ALGORITHMS, LoadedPolicy, algorithm
 from .rl.envs import UnknownEnvironment, make_env
 from .run import CHECKPOINT, load_npz
 
@@ -101,8 +101,6 @@ class Loaded:
 
 def _load(run_dir, which: str) -> Loaded:
     """The policy of the run in ``run_dir``, read by its algorithm, which alone knows its files."""
-    from algos import ALGORITHMS, algorithm
-
     run_dir = Path(run_dir)
     config = read_config(run_dir)
     name = config["algo"].get("name")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .algorithm import RESUME_MAY_CHANGE
+from .algorithm import ALGORITHMS, RESUME_MAY_CHANGE, algorithm
 from .run import flatten as flatten_keys
 
 METRICS = ("eval_reward", "reward_mean", "reward_max", "charts/episodic_return")
@@ -100,7 +100,6 @@ def flatten(config: dict) -> dict:
 
 
 def _not_grouped_by(config: dict) -> set:
-    from algos import ALGORITHMS, algorithm
     name = (config.get("algo") or {}).get("name") if isinstance(config.get("algo"), dict) else None
     if name not in ALGORITHMS:
         return NOT_GROUPED_BY

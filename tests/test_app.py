@@ -11,7 +11,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from algos import ALGORITHMS
+from fiberrl.algorithm import ALGORITHMS
 from fiberrl.config import CONFIG_DIR, algorithms_used, compose
 from fiberrl.rl.envs import check_env_id
 

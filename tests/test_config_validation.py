@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from algos import ALGORITHMS, algorithm
+from fiberrl.algorithm import ALGORITHMS, algorithm
 from fiberrl import app
 from fiberrl.config import (APP_RULES, BACKEND_RULES, CONFIG_DIR, ENV_RULES, AppConfig, BackendConfig, EnvConfig,
                             compose)

@@ -31,7 +31,7 @@ class FiberrlLauncherConf:
     # "module:function" called with each run's config before any run starts; it raises on a bad value
     check: Optional[str] = None
     # (an app can give check, configure, resume_key and resume_needs on its task function instead:
-    # hydra_plugins.fiberrl_launcher.hooks.sweepable; these settings take precedence)
+    # fiberrl.sweepable.sweepable; these settings take precedence)
     # the live table: auto (refreshed in place on a terminal, plain lines otherwise), plain, or off
     table: str = "auto"
 

@@ -29,7 +29,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from .hooks import hooks_of
+from fiberrl.sweepable import hooks_of
+
 from .progress import SweepTable
 from .run_in_job import OUTPUT_LOG, RETURN_FILE, run_sweep_job
 

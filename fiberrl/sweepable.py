@@ -1,4 +1,4 @@
-"""What an app tells the launcher about itself, on its task function: how to check a run's config
+"""What an app tells the sweep launcher (``hydra/launcher=fiberrl``) about itself, on its task function: how to check a run's config
 before any run starts, how to set up the runtime from the sweep's config, and how a run goes on
 from its own folder. Settings of the same names (``hydra.launcher.check=module:function``, ...)
 take precedence.
