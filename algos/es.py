@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +35,9 @@ from fiberrl.rl.envs import make_env
 from fiberrl.rl.noise import FLOAT_BYTES, NoiseTable, table_path
 from fiberrl.rl.policies import POLICIES, RunningStat, make_policy, run_episode
 from fiberrl.run import DamagedFile, require
+from fiberrl.training import TrainingLoop
+
+from .es_workers import EvalTask, EvaluatorSpec, PairTask, ParamServer, evaluate, init_worker
 from fiberrl.validation import (
     Rule,
     UsageError,
@@ -326,148 +328,7 @@ def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer
                      adaptive_cap: bool = False) -> None:
     """Raise DamagedFile unless a checkpoint holds all that ``train`` resumes from."""
     check_state(arrays, values, size, obs_shape, optimizer)
-    require(arrays, values, value_names=("timesteps", "time_s", "best") + (("episode_cap",) if adaptive_cap else ()))
-
-
-# --- the workers' side --------------------------------------------------------
-
-class ParamStore:
-    """Holds the current iteration's parameters, in the parameter server."""
-
-    def __init__(self):
-        self.version, self.params = -1, None
-
-    def publish(self, version: int, params: tuple) -> None:
-        self.version, self.params = version, params
-
-    def connect(self) -> None:
-        """Nothing: a worker calls it as it starts, so that its connection is made before
-        the machine is busy with episodes (at 1024 workers on 2 cores, a handshake made
-        in the middle of them outlasted its 10 s)."""
-
-    def fetch(self, version: int) -> tuple:
-        if version != self.version:
-            raise RuntimeError(f"a worker asked for the parameters of iteration {version}, the server holds "
-                               f"iteration {self.version}")
-        return self.params
-
-
-class ParamServer(mp.BaseManager):
-    pass
-
-
-ParamServer.register("ParamStore", ParamStore)
-
-
-@dataclass
-class EvaluatorSpec:
-    """What a worker needs to build its evaluator; small, sent once per worker."""
-    env_id: str
-    env_kwargs: dict
-    env_steps: int | None
-    policy: str
-    hidden: list
-    noise_seed: int
-    noise_size: int
-    obs_clip: float
-    episodes_per_eval: int = 1
-    reward_clip: float | None = None
-
-
-class PairTask(NamedTuple):
-    """Evaluate theta + eps and theta - eps, eps = sigma * the noise at ``noise_index``, each
-    over ``episodes_per_eval`` episodes reset with ``seed``, ``seed + 1``... and cut at
-    ``max_steps``; theta and sigma are those published as ``version``."""
-    version: int
-    noise_index: int
-    seed: int
-    record_obs: bool               # send back the +eps episode's observation sums
-    max_steps: int | None = None   # this iteration's adaptive cap (None: the spec's env_steps)
-
-
-class EvalTask(NamedTuple):
-    """One episode of the unperturbed parameters published as ``version``, reset with ``seed``."""
-    version: int
-    seed: int
-
-
-class PairResult(NamedTuple):
-    return_pos: float
-    return_neg: float
-    steps: int                 # of both episodes
-    obs_sums: tuple | None     # (sum, sum of squares, count) of the +eps episode's observations, when asked
-    at_cap: int = 0            # episodes that ran to the task's max_steps
-
-
-class EvalResult(NamedTuple):
-    reward: float
-    steps: int
-
-
-class Evaluator:
-    """One per worker process: its policy, this host's noise table, the current parameters."""
-
-    def __init__(self, spec: EvaluatorSpec, store):
-        self.spec, self.store = spec, store
-        env = self._make_env()
-        self.policy = make_policy(spec.policy, env.observation_space, env.action_space, spec.hidden)
-        env.close()
-        self.noise = NoiseTable(spec.noise_seed, spec.noise_size)
-        self.version = -1
-        store.connect()
-
-    def _make_env(self):
-        return make_env(self.spec.env_id, self.spec.env_kwargs, self.spec.env_steps)
-
-    def _load(self, version: int) -> None:
-        if version != self.version:
-            self.theta, self.obs_mean, self.obs_std, self.sigma = self.store.fetch(version)
-            self.version = version
-
-    def __call__(self, task: PairTask | EvalTask) -> PairResult | EvalResult:
-        self._load(task.version)
-        # a fresh env per task: some keep state across resets (a Box2D world does), and
-        # a result must not depend on which tasks its worker happened to run before
-        env = self._make_env()
-        try:
-            return self.run(task, env, self.theta, self.obs_mean, self.obs_std, self.sigma)
-        finally:
-            env.close()
-
-    def run(self, task: PairTask | EvalTask, env, theta, obs_mean, obs_std, sigma) -> PairResult | EvalResult:
-        """``task``'s episodes on ``env`` around ``theta``, observations normalised with ``obs_mean``/``obs_std``."""
-        def episode(seed: int, record: bool = False, max_steps: int | None = None):
-            return run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, seed, record,
-                               max_steps=max_steps, reward_clip=self.spec.reward_clip)
-
-        if isinstance(task, EvalTask):
-            self.policy.set_params(theta)
-            reward, steps, _ = run_episode(env, self.policy, obs_mean, obs_std, self.spec.obs_clip, task.seed)
-            return EvalResult(reward, steps)
-        eps = sigma * self.noise.get(task.noise_index, theta.size)
-        seeds = range(task.seed, task.seed + self.spec.episodes_per_eval)
-        self.policy.set_params(theta + eps)
-        positive = [episode(seed, task.record_obs, task.max_steps) for seed in seeds]
-        self.policy.set_params(theta - eps)
-        negative = [episode(seed, max_steps=task.max_steps) for seed in seeds]
-        sums = None
-        if task.record_obs:  # every +eps episode's observations
-            sums = [sum(s[k] for _, _, s in positive) for k in range(3)]
-        lengths = [n for _, n, _ in positive + negative]
-        return PairResult(float(np.mean([r for r, _, _ in positive])), float(np.mean([r for r, _, _ in negative])),
-                          sum(lengths), sums, sum(n == task.max_steps for n in lengths))
-
-
-_evaluator: Evaluator | None = None
-
-
-def init_worker(spec: EvaluatorSpec, store) -> None:
-    global _evaluator
-    _evaluator = Evaluator(spec, store)
-
-
-def evaluate(task):
-    return _evaluator(task)
+    require(arrays, values, value_names=("episode_cap",) if adaptive_cap else ())
 
 
 # --- the training loop ----------------------------------------------------------
@@ -504,35 +365,30 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     adaptive = algo.episode_steps_growth > 1
     episode_cap = algo.episode_steps if adaptive else None
 
-    start, timesteps, elapsed, best = 0, 0, 0.0, -np.inf
-    checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
-                                                                    es.obs_stat.sum.shape, algo.optimizer, adaptive))
+    loop = TrainingLoop(run, algo, algo.iterations)
+    checkpoint = loop.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
+                                                                     es.obs_stat.sum.shape, algo.optimizer, adaptive))
     if checkpoint is not None:
-        arrays, values = checkpoint
-        es.restore(arrays, values)
-        start, timesteps, elapsed, best = values["iteration"] + 1, values["timesteps"], values["time_s"], values["best"]
+        es.restore(*checkpoint)
         if adaptive:
-            episode_cap = int(values["episode_cap"])
-        run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
+            episode_cap = int(checkpoint[1]["episode_cap"])
+
+    def budget_spent() -> bool:
+        return algo.total_timesteps is not None and loop.timesteps >= algo.total_timesteps
+    if budget_spent():  # a resumed run whose budget was spent: no workers to start
+        run.console.print(f"{run.path} already ran its algo.total_timesteps={algo.total_timesteps}")
+        return loop.summary(theta=es.theta)
 
     spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), eval_episode_steps(algo, cfg.env), algo.policy,
                          list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval,
                          algo.reward_clip)
-    summary = dict(iterations=start, timesteps=timesteps, eval_reward=None, best_eval_reward=best)
-
-    def budget_spent() -> bool:
-        return algo.total_timesteps is not None and timesteps >= algo.total_timesteps
-    if budget_spent():  # a resumed run whose budget was spent: no workers to start
-        run.console.print(f"{run.path} already ran its algo.total_timesteps={algo.total_timesteps}")
-        return dict(summary, theta=es.theta)
     server = ParamServer()
     server.start()
     pool = None
-    began = time.perf_counter() - elapsed
     try:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
-        for iteration in range(start, algo.iterations):
+        for iteration in loop:
             t0 = time.perf_counter()
             asked = es.ask()
             eval_seeds = es.rng.integers(0, 2**31 - 1, size=algo.eval_episodes)
@@ -560,43 +416,30 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
                 episode_cap = grown if env_limit is None else min(grown, env_limit)
             t_master += time.perf_counter() - t1
 
-            timesteps += int(sum(r.steps for r in pairs))
+            loop.timesteps += int(sum(r.steps for r in pairs))
             both = np.concatenate([returns_pos, returns_neg])
             eval_reward = float(np.mean([r.reward for r in evals])) if evals else None
-            metrics = dict(iteration=iteration, timesteps=timesteps, reward_mean=float(both.mean()),
-                           reward_max=float(both.max()), reward_min=float(both.min()), eval_reward=eval_reward,
-                           time_s=time.perf_counter() - began, iteration_s=time.perf_counter() - t0,
+            metrics = dict(reward_mean=float(both.mean()), reward_max=float(both.max()), reward_min=float(both.min()),
                            master_s=t_master, grad_norm=grad_norm, theta_norm=float(np.linalg.norm(es.theta)),
                            episodes=2 * algo.population * algo.episodes_per_eval)
             if adaptive:
                 metrics.update(episode_cap=cap_used, at_cap_share=capped_share)
-            if eval_reward is not None and eval_reward > best:
-                best = eval_reward
-                run.save_best(evaluated, dict(iteration=iteration, eval_reward=eval_reward, policy=algo.policy,
-                                              hidden=list(algo.hidden), obs_clip=algo.obs_clip))
-            run.log(metrics)
-            solved = algo.stop_reward is not None and eval_reward is not None and eval_reward >= algo.stop_reward
-            spent = budget_spent()
-            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations or solved or spent:
-                arrays, values = es.state()
-                values.update(iteration=iteration, timesteps=timesteps, time_s=metrics["time_s"], best=best,
-                              episode_cap=episode_cap)
-                run.save_checkpoint(iteration, arrays, values)
-            summary.update(iterations=iteration + 1, timesteps=timesteps, eval_reward=eval_reward,
-                           best_eval_reward=best)
-            if on_iteration is not None:
-                on_iteration(iteration, pool)
-            if solved:
-                run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={algo.stop_reward}")
-                break
-            if spent:
+            best = (evaluated, dict(iteration=iteration, eval_reward=eval_reward, policy=algo.policy,
+                                    hidden=list(algo.hidden), obs_clip=algo.obs_clip))
+            if loop.end(iteration, metrics, eval_reward=eval_reward, best=lambda: best,
+                        state=lambda: checkpoint_state(es, episode_cap), stop=budget_spent(),
+                        on_iteration=on_iteration and (lambda: on_iteration(iteration, pool))):
                 break
     finally:
         if pool is not None:
             pool.terminate()
         server.shutdown()
-    summary["theta"] = es.theta
-    return summary
+    return loop.summary(theta=es.theta)
+
+
+def checkpoint_state(es: ES, episode_cap: int | None) -> tuple[dict, dict]:
+    arrays, values = es.state()
+    return arrays, dict(values, episode_cap=episode_cap)
 
 
 # --- for fiberrl.evaluate ------------------------------------------------------------
@@ -634,5 +477,5 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 
 ALGORITHM = Algorithm(
     name="es", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
-    worker_modules=(__name__,),
+    worker_modules=("algos.es_workers",),
     resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}))

@@ -31,28 +31,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-import algos.es
+from algos import es_workers
 import fiberrl.runtime as mp
-from algos.es import (
-    ES,
-    ESSettings,
-    EvalResult,
-    EvalTask,
-    EvaluatorSpec,
-    PairResult,
-    PairTask,
-    ParamServer,
-    check_noise_room,
-    check_noise_size,
-    check_state,
-)
+from algos.es import ES, ESSettings, check_noise_room, check_noise_size, check_state
 from algos.es import RULES as ES_RULES
 from algos.es import SETTINGS_RULES as ES_SETTINGS_RULES
+from algos.es_workers import EvalResult, EvalTask, EvaluatorSpec, PairResult, PairTask, ParamServer
 from fiberrl.algorithm import Algorithm
 from fiberrl.rl.noise import NoiseTable
 from fiberrl.rl.policies import make_policy
 from fiberrl.rl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
 from fiberrl.run import DamagedFile, require
+from fiberrl.training import TrainingLoop
 from fiberrl.validation import ANY, UsageError, at_least, check_fields, finite, non_negative, one_of, optional, positive
 
 
@@ -243,7 +233,7 @@ class AgentOnTerrain(NamedTuple):
     terrain: TerrainEncoding
 
 
-class Evaluator(algos.es.Evaluator):
+class Evaluator(es_workers.Evaluator):
     """One per worker: ES's evaluator on the terrain each task names, with the agents published together."""
 
     def __init__(self, spec: EvaluatorSpec, store):
@@ -510,7 +500,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     rng = np.random.Generator(np.random.PCG64([cfg.seed, 2]))
     first = Pair(0, TerrainEncoding(), new_es(policy.initial_params(rng), algo, noise, rng, obs_shape),
                  created=0, parent=None)
-    pairs, archive, next_id, start, elapsed = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, 0, 0.0
+    pairs, archive, next_id, annecs = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, None
 
     spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.es.policy,
                          list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.obs_clip,
@@ -522,16 +512,13 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         master = Master(pool, store, algo, rng)
-        checkpoint = run.resume(lambda arrays, values: check_checkpoint(arrays, values, first.es.theta.size,
-                                                                        obs_shape, algo.es.optimizer))
+        loop = TrainingLoop(run, algo, algo.iterations)
+        checkpoint = loop.resume(lambda arrays, values: check_checkpoint(arrays, values, first.es.theta.size,
+                                                                         obs_shape, algo.es.optimizer))
         if checkpoint is not None:
-            arrays, values = checkpoint
-            pairs, archive = unpack(arrays, values, master, algo, noise, obs_shape)
-            next_id, start, elapsed = values["next_id"], values["iteration"] + 1, values["time_s"]
-            run.console.print(f"resumed {run.path} after iteration {values['iteration']}")
-        began = time.perf_counter() - elapsed
-        summary = dict(iterations=start)
-        for iteration in range(start, algo.iterations):
+            pairs, archive = unpack(*checkpoint, master, algo, noise, obs_shape)
+            next_id = checkpoint[1]["next_id"]
+        for iteration in loop:
             t0 = time.perf_counter()
             busy0, pool0 = master.busy_s, master.pool_s
             admitted = passed = replaced = 0
@@ -556,39 +543,35 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
             solved = [t for t in archive if t.solved_at is not None]
             both = np.concatenate(returns)
             wall = time.perf_counter() - t0
+            loop.timesteps = master.timesteps
             metrics = dict(
-                iteration=iteration, timesteps=master.timesteps, reward_mean=float(both.mean()),
-                reward_max=float(both.max()), reward_min=float(both.min()),
-                eval_reward=max(p.score for p in pairs), annecs=sum(1 for t in solved if t.id != 0),
+                reward_mean=float(both.mean()), reward_max=float(both.max()), reward_min=float(both.min()),
+                annecs=sum(1 for t in solved if t.id != 0),
                 active_pairs=len(pairs), envs_created=len(archive) - 1, children_passed_mc=passed,
                 children_admitted=admitted, transfers=replaced,
                 hardest_solved=max((difficulty(t.encoding, scale) for t in solved), default=None),
                 utilisation=(master.busy_s - busy0) / (cfg.workers * wall),
                 pool_utilisation=(master.busy_s - busy0) / max(cfg.workers * (master.pool_s - pool0), 1e-9),
-                time_s=time.perf_counter() - began, iteration_s=wall,
                 pairs=[dict(id=p.id, score=p.score, age=iteration - p.created, terrain=p.encoding.describe())
                        for p in pairs])
-            run.log(metrics)
-            if (iteration + 1) % algo.checkpoint_every == 0 or iteration + 1 == algo.iterations:
-                arrays, values = pack(pairs, archive, master, dict(iteration=iteration, next_id=next_id,
-                                                                   time_s=metrics["time_s"]))
-                run.save_checkpoint(iteration, arrays, values)
+
+            def state():
                 plot_population([(p.id, p.encoding, p.score) for p in pairs], run.path / "terrains.png",
                                 seed=cfg.seed)
+                return pack(pairs, archive, master, dict(next_id=next_id))
+            annecs = metrics["annecs"]
+            loop.end(iteration, metrics, eval_reward=max(p.score for p in pairs), state=state,
+                     on_iteration=on_iteration and (lambda: on_iteration(iteration, pool)))
+            if loop.checkpointed:
                 plot_progress(run.read_metrics(), run.path / "poet.png")
-            summary = dict(iterations=iteration + 1, timesteps=master.timesteps, annecs=metrics["annecs"],
-                           active_pairs=len(pairs), envs_created=metrics["envs_created"],
-                           eval_reward=metrics["eval_reward"], utilisation_mean=master.busy_s / max(
-                               cfg.workers * (time.perf_counter() - began), 1e-9))
-            if on_iteration is not None:
-                on_iteration(iteration, pool)
     finally:
         if pool is not None:
             pool.terminate()
         server.shutdown()
-    summary["pairs"] = [(p.id, p.encoding, p.score) for p in pairs]
-    summary["archive"] = [(t.id, t.encoding, t.created, t.solved_at) for t in archive]
-    return summary
+    return loop.summary(annecs=annecs, active_pairs=len(pairs), envs_created=len(archive) - 1,
+                        utilisation_mean=master.busy_s / max(cfg.workers * loop.time_s, 1e-9),
+                        pairs=[(p.id, p.encoding, p.score) for p in pairs],
+                        archive=[(t.id, t.encoding, t.created, t.solved_at) for t in archive])
 
 
 ALGORITHM = Algorithm(

@@ -3,14 +3,16 @@ the runtime and the run directory, and hand over to the algorithm."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from .algorithm import algorithm
 
-from .config import APP_RULES, BACKEND_RULES, ENV_RULES
+from .config import APP_RULES, BACKEND_RULES, ENV_RULES, EnvConfig
 from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
 from .sweepable import sweepable
@@ -21,33 +23,18 @@ from .validation import UsageError, check_fields
 # 2048) peaked at 15.7 GiB in all, 1 GiB of it the noise table
 LOCAL_WORKER_BYTES = 16 << 20
 
-# settings newer than some checkpoints, with their defaults: at its default a setting leaves those
-# checkpoints' fingerprint as it was
-NEWER_THAN_SOME_CHECKPOINTS = {("env", "atari"): False, ("algo", "log_std_init"): 0.0, ("algo", "optimizer"): "adam",
-                               ("algo", "clipup_momentum"): 0.9, ("algo", "max_speed"): None,
-                               ("algo", "sigma_decay"): 1.0, ("algo", "sigma_min"): 0.0,
-                               ("algo", "episodes_per_eval"): 1, ("algo", "episode_steps_growth"): 1.0,
-                               ("algo", "episode_steps_grow_at"): 0.5, ("env", "engine"): "auto",
-                               ("env", "envpool_threads"): 1, ("env", "new_env_per_episode"): True,
-                               ("algo", "async_rollouts"): False,
-                               ("algo", "std_never_rises"): False, ("algo", "reward_clip"): None}
-
-
 def fingerprint(cfg) -> dict:
     """The settings that decide what a run computes: a resume must have the same."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     record = algorithm(plain["algo"]["name"])
     kept = {k: v for k, v in plain.items() if k not in record.app_resume_may_change}
     kept["algo"] = {k: v for k, v in plain["algo"].items() if k not in record.resume_may_change}
-    es_settings = kept["algo"].get("es")
-    for (group, name), default in NEWER_THAN_SOME_CHECKPOINTS.items():
-        places = [kept.get(group, {})]
-        if group == "algo" and isinstance(es_settings, dict):
-            places.append(es_settings)  # POET's ES settings (algo.es.*) gained the same keys as algo=es's
-        for settings in places:
-            if name in settings and settings[name] == default:
-                del settings[name]
     return kept
+
+
+def setting_defaults(cfg) -> dict:
+    """Every env.* and algo.* setting's default: what a checkpoint made before a setting existed ran with."""
+    return dict(env=asdict(EnvConfig()), algo=asdict(algorithm(cfg.algo.name).config()))
 
 
 def configure_backend(backend) -> None:
@@ -118,15 +105,33 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
     if cfg.resume is not None and not (Path(cfg.resume) / "checkpoints").is_dir():
         raise UsageError(f"resume={cfg.resume}: not a run directory (it has no checkpoints/)")
     directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
-                             tensorboard=cfg.tensorboard)
+                             tensorboard=cfg.tensorboard, defaults=setting_defaults(cfg))
     from fiberrl.runtime import set_forkserver_preload
     record = algorithm(cfg.algo.name)
     # local workers are forked with what they run already imported
     set_forkserver_preload(list(record.worker_modules))
     try:
-        return record.train(cfg, directory, on_iteration=on_iteration)
+        summary = record.train(cfg, directory, on_iteration=on_iteration)
     finally:
         directory.close()
+    for line in where_it_went(path, evaluates=record.load_policy is not None):
+        directory.note(line)
+    return summary
+
+
+def where_it_went(run_dir: Path, evaluates: bool) -> list[str]:
+    """The lines that end a run: where its files are, and the commands that look at them."""
+    files = "metrics.jsonl, checkpoints/" + (", best_policy.npz" if evaluates else "")
+    lines = [f"run directory: {run_dir} ({files})"]
+    if evaluates:
+        lines.append(f"evaluate it:   python -m fiberrl.evaluate {shlex.quote(str(run_dir))} --episodes 20")
+    lines.append(f"plot it:       python -m fiberrl.plot {shlex.quote(str(run_dir))} -o curves.png")
+    return lines
+
+
+def sweep_next_steps(sweep_dir: Path) -> list[str]:
+    """What a sweep's last lines say beside its folder: the command that plots its runs."""
+    return [f"plot it: python -m fiberrl.plot {shlex.quote(str(sweep_dir))} -o curves.png"]
 
 
 def run_or_exit(cfg, run_dir) -> dict:
@@ -140,7 +145,8 @@ def run_or_exit(cfg, run_dir) -> dict:
 
 # a sweep (hydra/launcher=fiberrl) checks every run's settings before any starts, starts each run as
 # a job of the backend its config names, and a run whose job died goes on from its checkpoint
-@sweepable(check=validate, configure=configure_backend_of, resume_key="resume", resume_needs="checkpoints/*.npz")
+@sweepable(check=validate, configure=configure_backend_of, resume_key="resume", resume_needs="checkpoints/*.npz",
+           next_steps=sweep_next_steps)
 def task(cfg):
     """``python -m fiberrl``'s task: one run in Hydra's output folder. Returns the run's best eval
     reward, the objective a sweeper (Optuna, Nevergrad, PBT) reads."""

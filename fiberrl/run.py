@@ -1,5 +1,5 @@
 """A run's directory: its config, metrics, TensorBoard events, checkpoints
-and best policy, and the progress line printed per iteration.
+and best policy.
 
     <run>/config.yaml          the resolved config the run started with
     <run>/metrics.jsonl        one JSON object per iteration
@@ -27,6 +27,8 @@ import numpy as np
 from rich.console import Console
 
 CHECKPOINT = re.compile(r"^(\d{6,})\.npz$")
+# what a checkpoint's values hold and under which names; upgrade_checkpoint reads every older format as this one
+CHECKPOINT_FORMAT = 2
 # what atomic_write leaves beside its file when the write is cut short: .<name>.<random>.tmp
 UNFINISHED_WRITE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 
@@ -113,13 +115,35 @@ def _scalar(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def upgrade_checkpoint(values: dict) -> dict:
+    """A checkpoint's values in today's format (``CHECKPOINT_FORMAT``), whichever fiberrl wrote them: the one
+    place that knows how older formats differ.  Settings added since a checkpoint was made are not a change
+    of format: its fingerprint lacks them, and ``RunDirectory`` takes each to have had its default (a setting
+    is added with the default that does what fiberrl did before it)."""
+    version = values.get("format", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise DamagedFile(f"its format is {version!r}, not a format number")
+    if version > CHECKPOINT_FORMAT:
+        raise DamagedFile(f"it is of format {version}, written by a newer fiberrl than this one (which reads "
+                          f"formats up to {CHECKPOINT_FORMAT}); resume it with that version")
+    if version == 1:  # PPO counted env steps as global_step where the others say timesteps; POET kept no best
+        values = dict(values)
+        if "global_step" in values:
+            values["timesteps"] = values.pop("global_step")
+        values.setdefault("best", -math.inf)
+    return dict(values, format=CHECKPOINT_FORMAT)
+
+
 class RunDirectory:
     """``fingerprint``: the settings a checkpoint must have been made with to be
-    resumed here (those that change the result), as a JSON-able dict."""
+    resumed here (those that change the result), as a JSON-able dict;
+    ``defaults``: each setting's default, which a checkpoint made before the
+    setting existed is taken to have had."""
 
     def __init__(self, path, fingerprint: dict, config_yaml: str | None = None, keep_checkpoints: int = 3,
-                 tensorboard: bool = True, console: Console | None = None):
+                 tensorboard: bool = True, console: Console | None = None, defaults: dict | None = None):
         self.path = Path(path)
+        self.defaults = flatten(json.loads(json.dumps(defaults or {})))
         self.checkpoints = self.path / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
@@ -138,7 +162,7 @@ class RunDirectory:
 
     def save_checkpoint(self, iteration: int, arrays: dict, values: dict) -> Path:
         path = self.checkpoints / f"{iteration:06d}.npz"
-        save_npz(path, arrays, dict(values, fingerprint=self.fingerprint))
+        save_npz(path, arrays, dict(values, fingerprint=self.fingerprint, format=CHECKPOINT_FORMAT))
         for old in self.checkpoint_paths()[:-self.keep_checkpoints]:
             old.unlink()
         return path
@@ -188,6 +212,7 @@ class RunDirectory:
 
     def _read_checkpoint(self, path: Path, check) -> tuple[dict, dict]:
         arrays, values = load_npz(path)
+        values = upgrade_checkpoint(values)
         require(arrays, values, value_names=("fingerprint", "iteration"))
         if not isinstance(values["iteration"], int):
             raise DamagedFile(f"its iteration is {values['iteration']!r}, not a number")
@@ -205,6 +230,9 @@ class RunDirectory:
 
     def _check_fingerprint(self, path: Path, fingerprint) -> None:
         theirs, ours = flatten(fingerprint if isinstance(fingerprint, dict) else {}), flatten(self.fingerprint)
+        for key in ours.keys() - theirs.keys():  # settings newer than the checkpoint: it ran as their defaults do
+            if key in self.defaults:
+                theirs[key] = self.defaults[key]
         if theirs != ours:
             diff = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
                     if theirs.get(k) != ours.get(k)]
@@ -216,7 +244,7 @@ class RunDirectory:
 
     # --- metrics ------------------------------------------------------------
     def log(self, metrics: dict, line: str | None = None) -> None:
-        """Append ``metrics`` (with an ``iteration``) and print ``line``, by default ES's progress line."""
+        """Append ``metrics`` (with an ``iteration``), and print ``line`` when given."""
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self._tensorboard:
@@ -226,7 +254,8 @@ class RunDirectory:
                 if key not in ("iteration", "timesteps") and _scalar(value):
                     writer.add_scalar(key, value, global_step=step)
             writer.flush()
-        self.console.print(progress_line(metrics) if line is None else line)
+        if line is not None:
+            self.console.print(line)
 
     def _tensorboard_writer(self, iteration: int):
         if self._writer is None:
@@ -288,12 +317,3 @@ def metrics_row(line: str) -> dict | None:
     iteration = row.get("iteration") if isinstance(row, dict) else None
     return row if isinstance(iteration, int) and not isinstance(iteration, bool) else None
 
-
-def progress_line(m: dict) -> str:
-    def num(key, fmt):
-        value = m.get(key)
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
-    return (f"[bold]iter {m['iteration']:>5}[/]  steps {num('timesteps', ',')}  "
-            f"reward mean {num('reward_mean', '.2f')} max {num('reward_max', '.2f')}  "
-            f"eval [bold]{num('eval_reward', '.2f')}[/]  {num('iteration_s', '.2f')} s/iter  "
-            f"{num('time_s', '.0f')} s")

@@ -1,7 +1,7 @@
-"""What an app tells the sweep launcher (``hydra/launcher=fiberrl``) about itself, on its task function: how to check a run's config
-before any run starts, how to set up the runtime from the sweep's config, and how a run goes on
-from its own folder. Settings of the same names (``hydra.launcher.check=module:function``, ...)
-take precedence.
+"""What an app tells the sweep launcher (``hydra/launcher=fiberrl``) about itself, on its task
+function: how to check a run's config before any run starts, how to set up the runtime from the
+sweep's config, how a run goes on from its own folder, and what to say when the sweep ends.  Settings of the
+same names (``hydra.launcher.check=module:function``, ...) take precedence.
 
     @sweepable(check=validate, resume_key="resume", resume_needs="checkpoints/*.npz")
     def main(cfg): ...
@@ -13,13 +13,15 @@ _ATTRIBUTE = "__fiberrl_sweep__"
 
 
 def sweepable(*, check: Optional[Callable] = None, configure: Optional[Callable] = None,
-              resume_key: Optional[str] = None, resume_needs: str = "*"):
+              resume_key: Optional[str] = None, resume_needs: str = "*",
+              next_steps: Optional[Callable] = None):
     """``check(cfg)`` raises on a bad value; ``configure(cfg)`` sets up the runtime (its backend) from
     the sweep's config; a run started again gets ``<resume_key>=<its folder>`` when the folder holds
-    ``resume_needs`` (a glob)."""
+    ``resume_needs`` (a glob); ``next_steps(sweep_dir)`` gives the lines (commands that look at the
+    sweep's runs) printed after the sweep's folder when it ends."""
     def mark(task):
         setattr(task, _ATTRIBUTE, dict(check=check, configure=configure, resume_key=resume_key,
-                                       resume_needs=resume_needs))
+                                       resume_needs=resume_needs, next_steps=next_steps))
         return task
     return mark
 

@@ -295,8 +295,8 @@ def test_ppo_env_servers_run_with_only_the_backend_changed(cluster, tmp_path):
     cfg = compose(["algo=ppo", "env=cartpole", "workers=2", "algo.envs_per_worker=2", "algo.num_steps=64",
                    "algo.total_timesteps=512", "algo.eval_every=0", "tensorboard=false"])
     summary = run(cfg, tmp_path / "ppo")
-    assert summary["updates"] == 2 and summary["env_server_restarts"] == 0
-    keys = ("global_step", "charts/episodic_return", "losses/value_loss", "losses/policy_loss", "losses/entropy")
+    assert summary["iterations"] == 2 and summary["env_server_restarts"] == 0
+    keys = ("timesteps", "charts/episodic_return", "losses/value_loss", "losses/policy_loss", "losses/entropy")
     metrics = [{k: line[k] for k in keys} for line in map(json.loads, (tmp_path / "ppo" / "metrics.jsonl").open())]
     PPO_METRICS[mp.get_config().backend] = metrics
     assert metrics == PPO_METRICS.get("local", metrics)  # the envs' results do not depend on where they ran

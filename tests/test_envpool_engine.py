@@ -142,11 +142,11 @@ def test_ppo_trains_on_envpool_servers_replaces_a_killed_one_and_resumes(tmp_pat
     assert killed and any("env server 0" in r.getMessage() for r in caplog.records)
     # it goes on from the checkpoint of update 3; its envs start afresh (EnvPool replays no history)
     resumed = run(compose([*settings, f"resume={tmp_path / 'pool'}"]), tmp_path / "pool")
-    assert resumed["updates"] == 6 and resumed["env_server_restarts"] == 1
+    assert resumed["iterations"] == 6 and resumed["env_server_restarts"] == 1
 
 
 def test_engine_settings_are_resolved_or_refused_in_one_line(tmp_path):
-    from algos.ppo import env_spec
+    from algos.on_policy.envs import env_spec
     assert env_spec(compose([*FAST, "env=cartpole"])).engine == "envpool"            # auto: EnvPool has it
     assert env_spec(compose([*FAST, "env=cartpole", "env.engine=gymnasium"])).engine == "gymnasium"
     toy = ["env=gym", "env.id=ppo_toy_env:Chain-v0"]

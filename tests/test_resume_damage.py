@@ -247,7 +247,7 @@ def test_ppo_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys):
     resumed = run(compose([*PPO, "algo.total_timesteps=64", f"resume={tmp_path / 'parts'}"]), tmp_path / "parts")
     said = capsys.readouterr().out
     assert "000002.npz is damaged" in said and "000001.npz" in said, said
-    assert resumed["updates"] == whole["updates"] == 4
+    assert resumed["iterations"] == whole["iterations"] == 4
     assert without_timing(tmp_path / "parts") == without_timing(tmp_path / "whole")
 
 

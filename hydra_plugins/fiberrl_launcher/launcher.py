@@ -76,6 +76,7 @@ class FiberrlLauncher(Launcher):
         self.retries = retries
         self.resume_key = resume_key
         self.resume_needs = resume_needs
+        self.next_steps = None  # the app's, from its sweepable hooks
         self.check = check
         self.configure = configure
         self.table_mode = table
@@ -94,6 +95,7 @@ class FiberrlLauncher(Launcher):
         self.configure = self.configure or hooks.get("configure")
         self.resume_key = self.resume_key or hooks.get("resume_key")
         self.resume_needs = self.resume_needs or hooks.get("resume_needs") or "*"
+        self.next_steps = hooks.get("next_steps")
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
@@ -128,6 +130,10 @@ class FiberrlLauncher(Launcher):
             table.close()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         self._report_failures(batch)
+        print(f"sweep: {sweep_dir} ({len(self.runs)} runs; each run's folder and its result in "
+              f"{sweep_dir / 'sweep.csv'})", flush=True)
+        for line in self.next_steps(sweep_dir) if self.next_steps is not None else ():
+            print(line, flush=True)
         return [run.result for run in batch]
 
     # --- before anything starts -----------------------------------------------------------------

@@ -45,7 +45,7 @@ class MetricsTail:
         return self.values
 
     def _take(self, metrics: dict) -> None:
-        steps = metrics.get("timesteps", metrics.get("global_step"))
+        steps = metrics.get("timesteps")
         iteration = metrics.get("iteration", metrics.get("update"))
         reward = metrics.get("eval_reward")
         if _number(reward):
