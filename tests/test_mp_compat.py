@@ -316,7 +316,7 @@ def answer_over_a_listener(address):
 
 def test_what_multiprocessings_own_suite_found_missing():
     """From CPython's test._test_multiprocessing run against fiberrl
-    (experiments/cpython_mp_suite.py): each a thing a user's code may do."""
+    (experiments/compat/cpython_mp_suite.py): each a thing a user's code may do."""
     # a non-blocking acquire with a timeout, which multiprocessing accepts and ignores
     semaphore = mp.Semaphore(0)
     assert semaphore.acquire(False, 0.1) is False
