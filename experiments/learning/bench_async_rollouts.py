@@ -32,7 +32,7 @@ def binned_returns(metrics: list[dict], total: int, bins: int) -> list[float | N
     for m in metrics:
         if m.get("charts/episodic_return") is None:
             continue
-        b = min((m["global_step"] - 1) * bins // total, bins - 1)
+        b = min((m["timesteps"] - 1) * bins // total, bins - 1)
         sums[b][0] += m["charts/episodic_return"] * m["charts/episodes"]
         sums[b][1] += m["charts/episodes"]
     return [s / n if n else None for s, n in sums]
@@ -64,7 +64,7 @@ def main() -> None:
             run(cfg, run_dir)
             metrics = read_metrics(run_dir)
             later = metrics[1:] or metrics  # the first update collects its rollout either way
-            rows.append(dict(mode=mode, seed=seed, sps=metrics[-1]["global_step"] / metrics[-1]["time_s"],
+            rows.append(dict(mode=mode, seed=seed, sps=metrics[-1]["timesteps"] / metrics[-1]["time_s"],
                              rollout_s=statistics.mean(m["rollout_s"] for m in later),
                              update_s=statistics.mean(m["update_s"] for m in later),
                              wait_s=statistics.mean(m.get("rollout_wait_s", 0.0) for m in later),

@@ -137,7 +137,7 @@ def sb3_seed(args, seed: int, run_dir: Path) -> None:
             if self.done is None:
                 return
             steps, mean = self.done
-            line = {"iteration": self.update, "global_step": steps, "time_s": time.perf_counter() - began,
+            line = {"iteration": self.update, "timesteps": steps, "time_s": time.perf_counter() - began,
                     "charts/episodic_return": mean}
             self.file.write(json.dumps(line) + "\n")
             self.file.flush()
@@ -177,8 +177,8 @@ def summarize(framework: str, seed: int, run_dir: Path) -> dict | None:
     final = json.loads(final_path.read_text())
     last = metrics[-1]
     return dict(framework=framework, seed=seed, final=final["mean"], final_std=final["std"],
-                episodes=final["episodes"], steps=last["global_step"], wall_s=last["time_s"],
-                steps_per_s=last["global_step"] / last["time_s"], run_dir=str(run_dir))
+                episodes=final["episodes"], steps=last["timesteps"], wall_s=last["time_s"],
+                steps_per_s=last["timesteps"] / last["time_s"], run_dir=str(run_dir))
 
 
 def report(rows: list[dict], out: Path, args) -> None:
@@ -215,7 +215,7 @@ def draw(rows: list[dict], path: Path) -> None:
         metrics = [m for m in read_metrics(Path(r["run_dir"])) if m.get("charts/episodic_return") is not None]
         label = None if r["framework"] in labelled else names[r["framework"]]
         labelled.add(r["framework"])
-        for ax, x_key in zip(axes, ("global_step", "time_s"), strict=True):
+        for ax, x_key in zip(axes, ("timesteps", "time_s"), strict=True):
             ax.plot([m[x_key] for m in metrics], [m["charts/episodic_return"] for m in metrics],
                     color=colors[r["framework"]], alpha=0.8, linewidth=1.2, label=label)
     for ax in axes:

@@ -41,7 +41,7 @@ def main() -> None:
                        *([f"resume={run_dir}"] if list((run_dir / "checkpoints").glob("*.npz")) else [])])
         run(cfg, run_dir)
         metrics = RunDirectory(run_dir, {}).read_metrics()
-        late = [m for m in metrics if m["global_step"] > 0.9 * args.steps and m["charts/episodic_return"] is not None]
+        late = [m for m in metrics if m["timesteps"] > 0.9 * args.steps and m["charts/episodic_return"] is not None]
         finals[seed] = float(np.mean([m["charts/episodic_return"] for m in late])) if late else float("nan")
         print(f"seed {seed}: mean return over the last 10% of {args.steps:,} steps: {finals[seed]:.2f}", flush=True)
     path = plot_runs([out], out / "curves.png", metric="charts/episodic_return")

@@ -151,7 +151,7 @@ def fiberrl_episodes(run_dir: Path, wall_s: float, launched: float) -> tuple[lis
     """(step, mean return, episodes, seconds since launch) per update, and the last update's own SPS."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     start_up = wall_s - lines[-1]["time_s"] if lines else 0.0  # time_s counts from the first update's start
-    points = [(m["global_step"], m["charts/episodic_return"], m["charts/episodes"], m["time_s"] + start_up)
+    points = [(m["timesteps"], m["charts/episodic_return"], m["charts/episodes"], m["time_s"] + start_up)
               for m in lines if m.get("charts/episodic_return") is not None]
     return points, (lines[-1].get("charts/SPS") if lines else None)
 

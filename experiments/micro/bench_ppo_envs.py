@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from algos.ppo import env_actions, make_agent, train
+from algos.on_policy.evaluation import env_actions
+from algos.ppo import make_agent, train
 from fiberrl.config import compose
 from fiberrl.rl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
 from fiberrl.run import RunDirectory
