@@ -487,7 +487,7 @@ def test_local_workers_that_outnumber_the_cores_run_lower_take_longer_gil_turns_
     (1024 ES workers on 2 cores at the same priority starved the parameter server), a
     worker's waiting threads do not wake hundreds of times a second each, and 1024 workers
     do not check their parent 1024 times a second."""
-    from fiberrl.runtime.pool.scheduler import OVERSUBSCRIBED_NICE
+    from fiberrl.runtime.pool.lifecycle import OVERSUBSCRIBED_NICE
     from fiberrl.runtime.pool.worker import OVERSUBSCRIBED_HEARTBEAT, OVERSUBSCRIBED_SWITCH_INTERVAL
     mine = os.nice(0)
     with mp.Pool(1) as pool:

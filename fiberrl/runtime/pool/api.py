@@ -16,7 +16,9 @@ from multiprocessing import pool as mp_pool
 from ..meta import resources_of
 from ..processes.process import _register_exit_hook, cpu_count
 from .results import AsyncResult, IMapIterator, TimeoutError
-from .scheduler import CLOSE, RUN, TERMINATE, LazyInput, PoolStatistics, Scheduler
+from .dispatch import CLOSE, RUN, TERMINATE
+from .scheduler import PoolStatistics, Scheduler
+from .tasks import LazyInput
 
 
 class Pool:
@@ -61,7 +63,7 @@ class Pool:
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
         func_id = _function_id(scheduler, func, submission)
-        scheduler.submit(scheduler.make_chunks(submission, func_id, star, items, chunksize))
+        scheduler.submit(scheduler.tasks.make_chunks(submission, func_id, star, items, chunksize))
 
     def _chunksize(self, n: int, chunksize: int | None) -> int:
         if chunksize is None:
@@ -109,7 +111,7 @@ class Pool:
         scheduler = self._scheduler
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
-        lookahead = 2 * scheduler._watermark() * chunksize
+        lookahead = 2 * scheduler.policy.watermark() * chunksize
         submission = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
         submission.on_consumed = scheduler.wake
         func_id = _function_id(scheduler, func, submission)
@@ -146,7 +148,7 @@ class Pool:
         limit = scheduler.startup_limit() if timeout is None else timeout
         deadline = time.monotonic() + limit
         while True:
-            scheduler._check_running()
+            scheduler.check_running()
             alive = scheduler.statistics().workers_alive
             if alive >= scheduler.target_size:
                 return
@@ -237,7 +239,7 @@ class _CallWithKeywords:
 
 def _function_id(scheduler: Scheduler, func, submission) -> int:
     try:
-        return scheduler.function_id(func)
+        return scheduler.tasks.function_id(func)
     except Exception as exc:
         # the pickler's own exception, as multiprocessing gives it: code catches its type
         exc.add_note(f"{submission.description}: the function cannot be pickled")

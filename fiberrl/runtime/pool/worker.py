@@ -13,13 +13,13 @@ that request for more), so that a death is charged to the chunk it was
 running and to no other: chunks a worker only held, received or still on
 their way when it died, are rerun free.  Before it loads a function it has
 not run yet it says so too (W_LOAD): a death while loading a function no
-worker has loaded yet is the function's, not the chunk's.
+worker has loaded yet is the function's, not the chunk's.  The messages
+and their frames: :mod:`.protocol`.
 """
 from __future__ import annotations
 
 import math
 import os
-import struct
 import sys
 import time
 import traceback
@@ -27,10 +27,9 @@ import traceback
 from ..net import wire
 from ..net.errors import LinkError
 from ..net.stream import connect
-from ..net.transport import OK
 from ..processes.lifeline import beat_less_often
+from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
 
-W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START, W_LOAD = 20, 21, 22, 23, 24, 25
 # how long a thread of an oversubscribed worker waits for the GIL before it asks for it (Python's default
 # is 5 ms).  A worker's other threads (its lifeline) wait for the GIL while the task's thread holds it, and
 # among hundreds of runnable workers per core the holder runs only now and then: at 5 ms each waiter woke
@@ -41,14 +40,6 @@ OVERSUBSCRIBED_SWITCH_INTERVAL = 0.1
 # second, each a cold process woken and answered, made an ES iteration on BipedalWalker on 2 cores take
 # 29.9 s instead of 28.6 s, and 39.4 s instead of 30.0 s where every worker had a task at once
 OVERSUBSCRIBED_HEARTBEAT = 10.0
-WORKER_ID = CHUNK_ID = struct.Struct("<q")
-# a batch's first part: one byte, whether more work is waiting, then for each
-# chunk: its id, function id, whether the function's pickle comes with it,
-# whether its tasks take *args
-CHUNK = struct.Struct("<qq??")
-# what a worker says of each result it sends: chunk id, whether it succeeded, the chunk's wall seconds and
-# the share of them its thread was running or waiting for a core (NaN where the kernel does not say)
-REPORT = struct.Struct("<q?dd")
 
 
 def encode_error(exc: BaseException) -> bytearray:

@@ -1,0 +1,170 @@
+"""The pool's workers' lifecycle, on one manager thread per pool: starts
+workers up to the pool's size (lower in priority while they outnumber the
+cores), replaces those lost, gives up on a pool whose workers never connect
+within the startup deadline, pulls lazy (imap) input as workers can take it,
+and ends the workers of a closed pool once its work is done.
+
+It works on the scheduler's policy under the scheduler's lock, and starts,
+waits for and kills processes, runs the caller's iterators and sends
+replies with the lock released.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+from ..backends import resolve_name
+from ..config import get_config
+from ..processes.process import Process, cpu_count
+from .dispatch import CLOSE, TERMINATE, Worker
+from .protocol import send_replies
+from .results import WorkerLostError
+from .worker import run_worker
+
+log = logging.getLogger("fiberrl.pool")
+# how much lower local pool workers run while they outnumber the cores (see WorkerLifecycle.worker_nice)
+OVERSUBSCRIBED_NICE = 10
+
+
+class WorkerLifecycle:
+    """The manager thread of ``scheduler``'s pool, and the starting and losing of its workers."""
+
+    def __init__(self, scheduler, initializer, initargs, worker_resources: dict, local: bool):
+        self._scheduler = scheduler
+        self._policy, self._lock, self._wake = scheduler.policy, scheduler.lock, scheduler.wake_condition
+        self._initializer, self._initargs = initializer, initargs
+        self._worker_resources, self._local = worker_resources, local
+        self._worker_ids = itertools.count()
+        self._thread = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # --- the manager thread ---------------------------------------------------
+    def _manage(self) -> None:
+        policy = self._policy
+        while True:
+            with self._lock:
+                starting = policy.starting()
+                if not policy.needs_attention():
+                    self._wake.wait(self._next_check(starting))
+                if policy.state == TERMINATE:
+                    return
+                replies = policy.release_stalled()
+                lost = policy.take_lost()
+                unreachable = self._none_connected_in_time(starting)
+            # workers that died before connecting: the backend's status is the only witness (asked
+            # with the lock released; one already handled is skipped by _handle_loss)
+            lost += [w for w in starting if w.process.exitcode is not None]
+            for worker in lost:
+                self._handle_loss(worker)
+            send_replies(replies)
+            if unreachable:
+                self._scheduler.fail_everything(RuntimeError(policy.broken))
+            self._start_missing_workers()
+            self._feed()
+            with self._lock:
+                replies = policy.retire_all_if_done()
+                if policy.state == CLOSE and not policy.workers:
+                    return
+            send_replies(replies)
+
+    def _next_check(self, starting: list[Worker]) -> float | None:
+        """How long the manager may sleep unwoken: it watches starting workers, and a gate holding chunks."""
+        waits = [0.5] if starting else []
+        policy = self._policy
+        if policy.gate.is_holding() and policy.pending:
+            waits.append(policy.gate.patience(policy.pending[0].func_id))
+        return min(waits, default=None)
+
+    # --- starting ---------------------------------------------------------------
+    def startup_limit(self) -> float:
+        """Seconds a started worker may take to connect before it counts as unable to start."""
+        config = get_config()
+        # a job on a cluster may first wait to be scheduled, which the backend bounds itself
+        return config.start_timeout + (0 if self._local else config.schedule_timeout)
+
+    def _none_connected_in_time(self, starting: list[Worker]) -> bool:
+        """Whether no worker runs and none of those started has connected within the
+        time a job may take (with the lock held): the pool is then broken, not slow."""
+        if not starting:  # the common case, and no settings to read
+            return False
+        limit = self.startup_limit()
+        if not self._policy.startup_overdue(starting, limit, time.monotonic()):
+            return False
+        self._policy.broken = (f"no pool worker has connected to this process at {self._scheduler.address} in "
+                               f"{limit:.0f} s (start_timeout): the workers cannot start or cannot reach it; "
+                               f"see the log above")
+        return True
+
+    def worker_nice(self) -> int:
+        """How much lower than this process local workers run when they outnumber the cores:
+        the master, the run's servers and connections being set up then get the CPU at once.
+        Measured: 1024 ES workers on 2 cores at the same priority starved the parameter
+        server, whose handshakes then outlasted their 10 s."""
+        if self._policy.target_size <= cpu_count() or resolve_name(get_config().backend) != "local":
+            return 0
+        return OVERSUBSCRIBED_NICE
+
+    def _start_missing_workers(self) -> None:
+        policy = self._policy
+        while True:
+            with self._lock:
+                if not policy.wants_worker():
+                    return
+                worker_id = next(self._worker_ids)
+                process = Process(target=run_worker, name=f"PoolWorker-{worker_id}", daemon=True,
+                                  args=(self._scheduler.address, worker_id, self._initializer,
+                                        self._initargs, self.worker_nice()))
+                process._resources = self._worker_resources
+                policy.add_worker(Worker(worker_id, process, time.monotonic()))
+            try:
+                process.start()
+            except Exception as exc:
+                with self._lock:
+                    policy.workers.pop(worker_id, None)
+                    policy.broken = f"cannot start pool workers: {exc}"
+                self._scheduler.fail_everything(RuntimeError(policy.broken))
+                return
+
+    # --- losing -------------------------------------------------------------------
+    def _handle_loss(self, worker: Worker) -> None:
+        process = worker.process
+        exitcode = process.exitcode
+        if exitcode is None:
+            process.join(2.0)
+            exitcode = process.exitcode
+        lost, job_error = process.job_lost, process.job_error
+        with self._lock:
+            loss = self._policy.lose(worker, exitcode, lost, job_error, time.monotonic())
+            if loss is None:
+                return
+            replies = self._policy.dispatch()
+        if not loss.expected:
+            log.warning("pool worker %s (pid %s) died with exit code %s%s", process.name, process.pid, exitcode,
+                        f"; resubmitting {sum(c.count for c in loss.resubmitted)} task(s)"
+                        if loss.resubmitted else "")
+        for chunk, why in loss.failed:
+            chunk.submission.fail(chunk.start, chunk.count, WorkerLostError(
+                f"{chunk.name()} {why} (last exit code {exitcode}); not retried again"))
+        if self._policy.broken:
+            self._scheduler.fail_everything(RuntimeError(self._policy.broken))
+        send_replies(replies)
+
+    # --- lazy input -------------------------------------------------------------------
+    def _feed(self) -> None:
+        """Pull lazy input while workers could use more (runs the caller's iterators, so not under the lock)."""
+        policy, tasks = self._policy, self._scheduler.tasks
+        for lazy in list(policy.lazy):
+            while policy.wants_input(lazy):
+                chunks, exhausted = lazy.pull(tasks)
+                with self._lock:
+                    replies = policy.fed(lazy, chunks, exhausted)
+                send_replies(replies)
+                if exhausted:
+                    break
