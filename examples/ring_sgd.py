@@ -9,7 +9,7 @@ with the same parameters.  No download, no network:
 import argparse
 import time
 
-from fiberrl.runtime.ring import Ring
+from fiberrl.runtime import Ring
 
 
 def setup(node):

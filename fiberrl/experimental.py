@@ -1,4 +1,4 @@
-"""``from fiberrl.experimental import Ring`` (the import path Fiber's examples use)."""
-from .runtime.ring import Ring, RingError, RingNode
+"""Mirrors Fiber's ``fiber.experimental`` (``from fiberrl.experimental import Ring``): ``runtime.primitives.ring``."""
+from .runtime.primitives.ring import Ring, RingError, RingNode
 
 __all__ = ["Ring", "RingError", "RingNode"]

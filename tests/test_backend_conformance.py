@@ -19,10 +19,10 @@ import fiberrl.runtime as mp
 from conftest import clean_up_as_at_exit, wait_until
 from fiberrl.app import run
 from fiberrl.config import compose
+from fiberrl.runtime import Ring, RingError
 from fiberrl.runtime.connection import wait
 from fiberrl.runtime.managers import AsyncManager, ManagerError
 from fiberrl.runtime.pool.results import RemoteTraceback
-from fiberrl.runtime.ring import Ring, RingError
 
 BACKENDS = ["local", "docker", "kubernetes", "slurm"]
 ES_METRICS = {}  # backend -> what a short ES run logged; every backend must log the same

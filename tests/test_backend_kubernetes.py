@@ -23,7 +23,9 @@ from conftest import PYTHON, ROOT, pid_alive, wait_until
 import fiberrl.runtime as mp
 from fiberrl.runtime import config
 from fiberrl.runtime.backends import NEVER_RAN_EXIT, OWNER, JobSpec, JobStatus, get_backend
-from fiberrl.runtime.backends.kubernetes import KubernetesBackend, _Connection, label_value, route_source
+from fiberrl.runtime.backends.kubernetes import KubernetesBackend
+from fiberrl.runtime.backends.kubernetes.connection import _Connection, route_source
+from fiberrl.runtime.backends.kubernetes.names import label_value
 from fiberrl.runtime.net import auth
 from fiberrl.runtime.processes.process import CHILD_COMMAND
 

@@ -1,13 +1,19 @@
 """The runtime's layers, bottom to top: the settings (config, env_names, meta,
 context), messaging (net/), backends (backends/), processes as jobs
-(processes/), the primitives (queues, pipes, pool, managers, ring,
-synchronize...), the API (runtime/__init__).  No module imports one of a
-layer above its own."""
+(processes/), the primitives (primitives/: queues, pipes, synchronize, ring...;
+pool/ and managers/), the API (runtime/__init__, and multiprocessing's module
+names at the root, which re-export the primitives).  Every module is in one
+layer, and none imports one of a layer above its own."""
 import ast
 from pathlib import Path
 
 RUNTIME = Path(__file__).resolve().parent.parent / "fiberrl" / "runtime"
 LAYERS = ["settings", "net", "backends", "processes", "primitives", "api"]
+SETTINGS = ("config", "env_names", "meta", "context")
+# multiprocessing's module names (fiberrl.runtime.connection as multiprocessing.connection): part of the API
+MIRRORS = ("connection", "queues", "sharedctypes", "synchronize")
+FOLDERS = {"net": "net", "backends": "backends", "processes": "processes", "primitives": "primitives",
+           "pool": "primitives", "managers": "primitives"}
 
 
 def module_name(path: Path) -> str:
@@ -20,9 +26,13 @@ def layer_of(module: str) -> str:
     if not inside:
         return "api"
     top = inside.split(".")[0]
-    if top in ("config", "env_names", "meta", "context"):
+    if top in SETTINGS:
         return "settings"
-    return top if top in ("net", "backends", "processes") else "primitives"
+    if top in MIRRORS:
+        return "api"
+    if top in FOLDERS:
+        return FOLDERS[top]
+    raise AssertionError(f"{module} is in no layer: put it in its layer's folder, or name it in tests/test_layers.py")
 
 
 def imports_of(path: Path):
@@ -42,6 +52,24 @@ def imports_of(path: Path):
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
+
+
+def test_every_runtime_module_is_in_a_layer():
+    for path in sorted(RUNTIME.rglob("*.py")):
+        layer_of(module_name(path))
+
+
+def test_multiprocessing_s_module_names_only_re_export_the_primitives():
+    """A root module named after multiprocessing's holds nothing of its own: what it
+    names is in primitives/, where the runtime's own modules import it from."""
+    for name in MIRRORS:
+        tree = ast.parse((RUNTIME / f"{name}.py").read_text())
+        docstring, *body = tree.body
+        assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant), name
+        for node in body:
+            re_export = isinstance(node, ast.ImportFrom) and node.level == 1 and node.module.startswith("primitives.")
+            all_names = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"]
+            assert re_export or all_names, f"{name}.py:{node.lineno} is more than a re-export"
 
 
 def test_no_runtime_module_imports_a_layer_above_its_own():

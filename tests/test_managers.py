@@ -407,7 +407,7 @@ def test_manager_streams_refuse_clients_without_the_secret(tmp_path):
 def test_connections_are_per_server_not_per_port():
     # a new server can be given a dead one's port; its calls must not go down the dead one's
     # stale connection, nor may releases of the dead one's objects reach the new one
-    from fiberrl.runtime.managers.proxy import connection
+    from fiberrl.runtime.managers.client import connection
 
     with mp.Manager() as m:
         d = m.dict()

@@ -15,7 +15,7 @@ import pytest
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.connection import wait
-from fiberrl.runtime.synchronize import shutdown_manager
+from fiberrl.runtime.primitives.synchronize import shutdown_manager
 
 
 @pytest.fixture(autouse=True)

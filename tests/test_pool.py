@@ -367,7 +367,7 @@ def test_no_task_waits_behind_a_blocked_one_while_a_worker_is_free():
     talk to each other) on nine workers: no worker may hold a second task behind
     its blocked first one while another worker has none, as multiprocessing's Pool
     never does."""
-    from fiberrl.runtime.synchronize import shutdown_manager
+    from fiberrl.runtime.primitives.synchronize import shutdown_manager
     barrier = mp.Barrier(9)
     try:
         with mp.Pool(9) as pool:
@@ -556,7 +556,7 @@ def test_tasks_that_wait_for_each_other_are_let_through_a_gate_that_held_them_ba
     """A function that looked CPU-bound, then waits at a barrier for all its tasks: the gate
     holding most of them back would stall it for ever, so after a while it lets them through."""
     from fiberrl.runtime.pool.cpu_gate import usable_cores
-    from fiberrl.runtime.synchronize import shutdown_manager
+    from fiberrl.runtime.primitives.synchronize import shutdown_manager
     crowd = 8 * usable_cores()
     barrier = mp.Barrier(crowd)
     try:

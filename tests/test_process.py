@@ -183,7 +183,7 @@ def waits_for_a_thread(evt):
 
 
 def test_a_child_waits_for_its_non_daemonic_threads_before_it_ends():
-    from fiberrl.runtime.synchronize import shutdown_manager
+    from fiberrl.runtime.primitives.synchronize import shutdown_manager
     try:
         evt = mp.Event()
         p = mp.Process(target=waits_for_a_thread, args=(evt,))

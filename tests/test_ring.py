@@ -11,7 +11,7 @@ import pytest
 import fiberrl.runtime as mp
 from conftest import PYTHON, hand_out_gpus, pid_alive, wait_until
 from fiberrl.runtime.pool.results import RemoteTraceback
-from fiberrl.runtime.ring import Ring, RingError, _listen
+from fiberrl.runtime.primitives.ring import Ring, RingError, _listen
 
 SEEN = {}  # what this member's initializer saw; each member is its own process
 
@@ -154,7 +154,7 @@ def test_members_carry_torchruns_environment():
 
 
 def test_local_rank_counts_members_on_the_same_host():
-    from fiberrl.runtime.ring import RingMember, _torchrun_env
+    from fiberrl.runtime.primitives.ring import RingMember, _torchrun_env
     members = [RingMember(0, "10.0.0.1", 20000), RingMember(1, "10.0.0.2", None),
                RingMember(2, "10.0.0.1", None), RingMember(3, "10.0.0.2", None)]
     envs = [_torchrun_env(rank, members) for rank in range(4)]
@@ -182,7 +182,7 @@ def test_rendezvous_port_lies_below_the_ephemeral_range():
     """The advertised port is unheld until torch binds it: it
     must not be one the kernel could give a connection meanwhile (above all a
     member's own connect retried against it, which would then hold it)."""
-    from fiberrl.runtime.ring import _ephemeral_low
+    from fiberrl.runtime.primitives.ring import _ephemeral_low
     low = _ephemeral_low()
     listeners = [_listen("127.0.0.1", 1) for _ in range(20)]
     try:
@@ -364,5 +364,5 @@ def test_members_that_share_a_gpu_are_told_so_in_one_line_not_by_nccls_page(one_
 
 
 def test_importing_ring_does_not_import_torch(script_env):
-    code = "import sys, fiberrl.runtime.ring; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, fiberrl.runtime.primitives.ring; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([PYTHON, "-c", code], env=script_env, check=True, timeout=60)

@@ -18,7 +18,7 @@ import test._test_multiprocessing as suite
 
 import fiberrl.runtime as fiberrl
 from fiberrl.runtime import sharedctypes
-from fiberrl.runtime.synchronize import shutdown_manager
+from fiberrl.runtime.primitives.synchronize import shutdown_manager
 
 _SAME_NAMES = ("current_process", "parent_process", "active_children", "Pool", "Pipe", "Queue", "JoinableQueue",
                "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier", "Value", "Array",

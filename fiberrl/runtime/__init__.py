@@ -2,7 +2,10 @@
 a cluster backend.  ``import fiberrl.runtime as mp`` and run ordinary
 multiprocessing code.
 
-Importing opens no socket, starts no thread and reads no configuration.
+The primitives are in ``primitives/`` (and ``pool/``, ``managers/``);
+``connection``, ``queues``, ``synchronize`` and ``sharedctypes`` here are
+``multiprocessing``'s module names for them.  Importing opens no socket,
+starts no thread and reads no configuration.
 """
 from .config import ConfigError, RuntimeConfig, configure, get_config, init
 from .connection import Connection, Pipe
@@ -22,24 +25,15 @@ from .managers import AsyncManager, BaseManager, Manager, ManagerError, SyncMana
 from .meta import meta
 from .net.errors import LinkClosed, LinkError, PeerGone
 from .pool import AsyncResult, Pool, PoolTerminated, TimeoutError, WorkerLostError
+from .primitives.ring import Ring, RingError
+from .primitives.synchronize import JoinableQueue
+from .processes.fork_server import install as _install_fork_server
 from .processes.fork_server import set_forkserver_preload
-from .processes.process import Process, active_children, cpu_count, current_process, parent_process
+from .processes.children import active_children
+from .processes.process import Process, cpu_count, current_process, parent_process
 from .queues import Empty, Full, Queue, SimpleQueue
-from .ring import Ring, RingError
-from .synchronize import (
-                      Array,
-                      Barrier,
-                      BoundedSemaphore,
-                      Condition,
-                      Event,
-                      JoinableQueue,
-                      Lock,
-                      RawArray,
-                      RawValue,
-                      RLock,
-                      Semaphore,
-                      Value,
-)
+from .sharedctypes import Array, RawArray, RawValue, Value
+from .synchronize import Barrier, BoundedSemaphore, Condition, Event, Lock, RLock, Semaphore
 
 __all__ = [
     "Array", "AsyncManager", "AsyncResult", "AuthenticationError", "Barrier", "BaseManager", "BoundedSemaphore",
@@ -51,3 +45,8 @@ __all__ = [
     "get_logger", "get_start_method", "init", "log_to_stderr", "meta", "parent_process", "set_forkserver_preload",
     "set_start_method",
 ]
+
+# How jobs start is settled here, with the API (every start method is spawn: ``context``): a local job
+# of the child command is forked from a warm fork server (setting ``local_fork_server``), which the
+# local backend is given now.  That registers a class; the server starts with the first local job.
+_install_fork_server()

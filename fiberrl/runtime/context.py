@@ -4,8 +4,10 @@ and its logger (a pool's ``TimeoutError`` is ``fiberrl.runtime.pool``'s).
 
 Every job starts with spawn semantics (a fresh interpreter, or a fork of one
 that has imported nothing of the parent's state), whatever start method is
-asked for: a cluster backend can start nothing else, and nng is not
-fork-safe.  A context is this module's API itself.
+asked for: a cluster backend can start nothing else, and a fork of a process
+that runs the runtime would have none of its threads (the hub, the streams'
+readers) and whatever locks they held at the fork.  A context is this
+module's API itself.
 """
 from __future__ import annotations
 

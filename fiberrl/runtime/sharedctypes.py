@@ -1,7 +1,4 @@
-"""``multiprocessing.sharedctypes``' names: shared Values and Arrays held by the
-run's manager (see ``synchronize`` and ``shared_ctypes``)."""
-from multiprocessing.sharedctypes import typecode_to_type
-
-from .synchronize import Array, RawArray, RawValue, Value
+"""Mirrors ``multiprocessing.sharedctypes``: re-exports :mod:`fiberrl.runtime.primitives.sharedctypes`."""
+from .primitives.sharedctypes import Array, RawArray, RawValue, Value, typecode_to_type
 
 __all__ = ["Array", "RawArray", "RawValue", "Value", "typecode_to_type"]

@@ -17,9 +17,10 @@ import weakref
 
 from ..config import get_config
 from ..processes.process import Process
-from ..queues import Queue
+from ..primitives.queues import Queue
+from .protocol import M_COUNT, M_DEBUG_INFO, M_SHUTDOWN
 from .proxy import BaseProxy, ManagerError, ManagerRef, create
-from .server import M_COUNT, M_DEBUG_INFO, M_SHUTDOWN, serve
+from .server import serve
 from .sync_types import (
     CONTAINER_RESULTS,
     POOL_RESULTS,

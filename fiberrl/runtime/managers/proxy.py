@@ -7,17 +7,15 @@ from every method call at once; ``handle.get()`` waits for the result.
 """
 from __future__ import annotations
 
-import os
-import threading
 import weakref
-from collections import deque
 from multiprocessing.managers import RemoteError
 
 from ..net import wire
 from ..net.calls import CallStream
 from ..net.errors import LinkError, PeerGone
 from ..pool.results import with_remote_traceback
-from .server import GETVALUE, M_CALL, M_CREATE, M_DECREF, M_INCREF, PROXY, RAISE
+from .client import connection, pending_releases, queue_release, send_releases
+from .protocol import GETVALUE, M_CALL, M_CREATE, M_INCREF, PROXY, RAISE
 
 
 class ManagerError(PeerGone):
@@ -27,32 +25,6 @@ class ManagerError(PeerGone):
     def __init__(self, message: str, reason: str | None = None):
         super().__init__(message)
         self.reason = reason or message
-
-
-_local = threading.local()
-
-
-def _forget_streams() -> None:
-    """In a forked child: the parent's streams are the parent's."""
-    _local.__dict__.clear()
-
-
-os.register_at_fork(after_in_child=_forget_streams)
-
-
-def connection(address: str, server: str) -> CallStream:
-    """This thread's live connection to the server ``server`` at ``address``: one
-    per thread, so a call that blocks in the server holds up no other thread.
-    Keyed by the server too: a new server may be given a dead one's port, and a
-    connection to the dead one may not have noticed yet."""
-    conns = getattr(_local, "conns", None)
-    if conns is None:
-        conns = _local.conns = {}
-    key = (address, server)
-    conn = conns.get(key)
-    if conn is None or conn.error is not None:
-        conn = conns[key] = CallStream(address)
-    return conn
 
 
 class ManagerRef:
@@ -70,8 +42,8 @@ class ManagerRef:
                             f"Restart the manager (AsyncManager.restart()) and create them again.", reason)
 
     def ask(self, op: int, token: int, parts=()) -> tuple[CallStream, int]:
-        if _releases:
-            _send_releases()
+        if pending_releases:
+            send_releases()
         try:
             conn = connection(self.address, self.name)
             return conn, conn.call(op, token, parts)
@@ -89,32 +61,6 @@ class ManagerRef:
     def make_proxy(self, token: int, exposed: tuple, typeid: str) -> "BaseProxy":
         proxytype = self.proxytypes.get(typeid) or auto_proxy_class(tuple(exposed), self.is_async)
         return proxytype(self, token, typeid, exposed)
-
-
-# Releases are queued by finalizers, which may run inside any code that holds
-# a lock, and sent before the next request of this process: never from the finalizer.
-_releases: deque = deque()
-
-
-def _queue_release(address: str, server: str, token: int) -> None:
-    _releases.append((address, server, token))
-
-
-def _send_releases(own_address: str | None = None, release_own=None) -> None:
-    """Send the releases queued in this process; in a manager's process, those of
-    its own server (at ``own_address``) go to ``release_own(token)`` instead."""
-    while _releases:
-        try:
-            address, server, token = _releases.popleft()
-        except IndexError:
-            return  # another thread sent the last one
-        if address == own_address:
-            release_own(token)
-            continue
-        try:
-            connection(address, server).call(M_DECREF, token, reply=False)
-        except (LinkError, PermissionError):
-            pass  # the manager went away: nothing left to release
 
 
 def create(ref: ManagerRef, typeid: str, args, kwds, manager=None) -> "BaseProxy":
@@ -176,7 +122,7 @@ class BaseProxy:
         self._typeid = typeid
         self._exposed = tuple(exposed)
         self._manager = None
-        finalizer = weakref.finalize(self, _queue_release, ref.address, ref.name, token)
+        finalizer = weakref.finalize(self, queue_release, ref.address, ref.name, token)
         finalizer.atexit = False
 
     def _callmethod(self, methodname: str, args=(), kwds=None):

@@ -23,15 +23,11 @@ from ..net.calls import CALL_ID, HEAD
 from ..net.errors import LinkError
 from ..net.listener import Listener
 from ..net.stream import Stream
+from .client import pending_releases, send_releases
+from .protocol import (GETVALUE, M_CALL, M_COUNT, M_CREATE, M_DEBUG_INFO, M_DECREF, M_INCREF, M_SHUTDOWN, PROXY, RAISE,
+                       RETURN)
 
 log = logging.getLogger("fiberrl")
-
-M_CREATE, M_CALL, M_INCREF, M_DECREF, M_SHUTDOWN, M_COUNT, M_DEBUG_INFO = range(1, 8)
-# a call: op, call id (0: no reply wanted), object token; then its pickled arguments
-# a call: op, call id, token; a reply: the call it answers, then the pickled reply
-GETVALUE = "#getvalue"  # a copy of the object itself
-# reply kinds
-RETURN, RAISE, PROXY = 0, 1, 2
 
 
 def public_methods(obj) -> tuple:
@@ -61,12 +57,10 @@ class ManagerServer:
         self._call_lock = threading.Lock() if inline else contextlib.nullcontext()
         self.stopped = threading.Event()
         self.address: str | None = None  # the listener's, once it listens
-        from . import proxy  # imported here: proxy imports this module
-        self._proxy = proxy
         # releases of proxies held in this process (a pool's callback, a proxy stored in a
         # shared dict): a client sends its own before its next call, but this process
         # never calls, so its server sends them as it serves
-        self._held_releases = proxy._releases
+        self._held_releases = pending_releases
 
     def serve(self, stream: Stream) -> None:
         """Serve one stream (one thread of a client process) until it closes."""
@@ -97,7 +91,7 @@ class ManagerServer:
                 self._release_held()
 
     def _release_held(self) -> None:
-        self._proxy._send_releases(self.address, self._release_own)
+        send_releases(self.address, self._release_own)
 
     def _release_own(self, token: int) -> None:
         self._change_refs(token, -1)

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 
+from .held_ctypes import HeldCtypes, HeldCtypesProxy
 from .proxy import BaseProxy, forwarding
 
 _CANCEL_GRACE = 10.0  # how long an interrupted wait waits for its cancellation to be sent
@@ -307,41 +308,6 @@ def _pool(*args, **kwds):
     return Pool(*args, **kwds)
 
 
-class HeldCtypes:
-    """In the manager: the ctypes object, reached by paths of steps (an index, a
-    slice or a field name), each step as Python's own ``obj[step]`` or
-    ``getattr(obj, step)`` takes it, so what a step returns shares the object's memory."""
-
-    def __init__(self, description, args):
-        from ..shared_ctypes import build
-        self._obj = build(description)(*args)
-
-    def _walk(self, path) -> object:
-        obj = self._obj
-        for step in path:
-            obj = getattr(obj, step) if isinstance(step, str) else obj[step]
-        return obj
-
-    def get(self, path):
-        return self._walk(path)
-
-    def set(self, path, value) -> None:
-        *to, last = path
-        parent = self._walk(to)
-        if isinstance(last, str):
-            setattr(parent, last, value)
-        else:
-            parent[last] = value
-
-    def __repr__(self):
-        return f"<{type(self._obj).__name__} held for sharing>"
-
-
-@forwarding("get", "set", also=("__repr__",))
-class HeldCtypesProxy(BaseProxy):
-    pass
-
-
 # an iteration over a shared dict or list stays in the manager, taken in batches
 CONTAINER_RESULTS = {"iterate": "Batches"}
 
@@ -356,7 +322,7 @@ SYNC_TYPES = {
     "Namespace": (Namespace, NamespaceProxy),
     "Value": (Value, ValueProxy),
     "Array": (Array, ArrayProxy),
-    "HeldCtypes": (HeldCtypes, HeldCtypesProxy),  # shared_ctypes: what is not plain numbers
+    "HeldCtypes": (HeldCtypes, HeldCtypesProxy),  # held_ctypes: shared ctypes that are not plain numbers
     "Lock": (threading.Lock, AcquirerProxy),
     "RLock": (threading.RLock, AcquirerProxy),
     "Semaphore": (threading.Semaphore, AcquirerProxy),

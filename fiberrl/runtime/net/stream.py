@@ -4,9 +4,8 @@ workers, managers, queues and pipes, a job's link to its parent).
 A stream is a plain socket read by the thread that waits for it: frames of
 ``length (8 bytes) | body`` after a mutual HMAC challenge
 (:mod:`fiberrl.runtime.net.auth`), so nothing is read from a peer that has not
-proved it holds the run's secret.  (nng, which carried queues and pipes
-before, hands each message through its own I/O and task threads before the
-waiting thread wakes: a request ~245 us round trip against ~18 us here.)
+proved it holds the run's secret.  A frame passes through no other thread
+on its way: a request's round trip takes ~18 us.
 
 On Linux a listener also binds an abstract Unix socket whose name only the
 run can compute from its TCP address (:func:`auth.local_name`), and

@@ -11,16 +11,18 @@ import traceback
 
 import cloudpickle
 
+from .. import env_names
 from ..config import get_config
 from ..net.errors import PeerGone
 from ..net.transport import OK
-from . import process as process_module
+from .children import stop_children
 from .handover import close_active_connections
 from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
 from .main_module import import_parents_main, refused_start
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
 from .parent_link import ParentLink
+from .process import become
 from .resource_tracking import TRACKER_ENV, use_parents_tracker
 
 log = logging.getLogger("fiberrl")
@@ -81,8 +83,8 @@ def _join_multiprocessing_children() -> None:
 
 
 def main() -> None:
-    parent_address = os.environ.get(process_module.PARENT_ADDRESS_ENV)
-    process_id = os.environ.pop(process_module.PROCESS_ID_ENV, None)
+    parent_address = os.environ.get(env_names.PARENT_ADDRESS)
+    process_id = os.environ.pop(env_names.PROCESS_ID, None)
     if not parent_address or not process_id:
         _fail("started without a parent; this module is run by fiberrl.runtime.Process, not by hand")
     timeout = get_config().start_timeout
@@ -109,7 +111,7 @@ def main() -> None:
             _report(parent, f"{name} could not load its target (is it importable in the child?):\n"
                             f"{traceback.format_exc()}")
         os._exit(1)
-    process_module._become(process)
+    become(process)
     log.info("child process calling self.run()")  # multiprocessing's words, which programs' logs show
 
     # multiprocessing's bootstrap, step for step: code may count on each
@@ -128,7 +130,7 @@ def main() -> None:
         threading._shutdown()  # the non-daemonic threads it started end first
         log.info("process exiting with exitcode %d", exitcode)
         close_active_connections()
-        process_module.stop_children(5.0)
+        stop_children(5.0)
         _flush_std_streams()
         if forwarder is not None:
             forwarder.stop()

@@ -19,9 +19,10 @@ import: a script importing torch costs each job ~1.7 s of CPU otherwise,
 ES's workers ~0.36 s of numpy and gymnasium.  A main module that starts
 threads or the runtime when imported (a module-level ``Queue`` or
 ``Manager``, not under ``if __name__ == "__main__"``) would leave the server
-unsafe to fork from, and every job with the server's hub and nng threads:
-the server then starts afresh without it, and each job imports the main
-module itself.
+unsafe to fork from (a fork copies its threads' locks in whatever state they
+are in), and every job with the server's hub and a secret of its own: the
+server then starts afresh without it, and each job imports the main module
+itself.
 """
 from __future__ import annotations
 
@@ -207,7 +208,8 @@ def _preload(prep: dict) -> None:
 def _start_afresh_without_main(sock: socket.socket) -> None:
     """Replace this process with a fresh server that does not import the main
     module: importing it started threads or the runtime, which forked jobs
-    cannot inherit (their locks, nng's threads, a hub that is not theirs)."""
+    cannot inherit (locks their threads held at the fork, a hub and a secret
+    that are not theirs)."""
     os.set_inheritable(sock.fileno(), True)
     env = dict(os.environ, **{_SOCKET_ENV: str(sock.fileno()), _WITHOUT_MAIN_ENV: "1"})
     sys.stdout.flush()
@@ -299,4 +301,7 @@ def _run_job(env: dict, cwd: str, fds: list[int], server_fds: list[int]) -> None
     os._exit(1)
 
 
-local.install_fork_server(ForkServer)
+def install() -> None:
+    """Make the fork server the local backend's way to start jobs of the child
+    command (the API calls it as it loads: ``fiberrl.runtime``)."""
+    local.install_fork_server(ForkServer)

@@ -1,5 +1,5 @@
 """What a process's launch and exit need to know of the pipe ends it holds
-(``runtime.connection`` fills it in): the ends pickled into a launch, which
+(``primitives.connection`` fills it in): the ends pickled into a launch, which
 count at their creator until the job takes them, and the ends that can send,
 closed when the process ends so that their readers see EOF."""
 from __future__ import annotations

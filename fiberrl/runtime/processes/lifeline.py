@@ -13,6 +13,7 @@ import threading
 
 from ..config import get_config
 from ..net.errors import PeerGone
+from .children import active_children
 from .hub import PING
 from .parent_link import ParentLink
 
@@ -50,7 +51,6 @@ def _die(reason: str) -> None:
     try:
         sys.stderr.write(f"fiberrl: process {os.getpid()} exits: {reason}\n")
         sys.stderr.flush()
-        from .process import active_children
         for child in active_children():
             child.kill()
     finally:

@@ -24,7 +24,7 @@ from ..backends.base import CHILD_COMMAND
 from ..config import get_config, serialize
 from ..meta import resources_of
 from ..net import auth, wire
-from . import fork_server  # noqa: F401 -- installs itself as the local backend's way to start jobs
+from . import children
 from .handover import handing_over
 from .hub import get_hub
 from .main_module import check_not_importing_main, preparation_data
@@ -36,8 +36,6 @@ PROCESS_ID_ENV = env_names.PROCESS_ID
 CONFIG_ENV = env_names.RESOLVED_CONFIG
 
 log = logging.getLogger("fiberrl")
-_children: set["Process"] = set()
-_children_lock = threading.Lock()
 _sentinels_lock = threading.Lock()
 _exit_hook_registered = False
 
@@ -215,8 +213,7 @@ class Process(BaseProcess):
         self._exitcode = code
         if self._job is not None and self._job.error:
             log.error("%s could not run on the %s backend: %s", self._name, self._backend_name, self._job.error)
-        with _children_lock:
-            _children.discard(self)
+        children.discard(self)
 
     def _check_usable(self):
         if self._closed:
@@ -273,8 +270,7 @@ class Process(BaseProcess):
             threading.Thread(target=self._give_back_at_exit, args=(handed,), daemon=True,
                              name=f"fiberrl-handover-{self._name}").start()
         _register_exit_hook()
-        with _children_lock:
-            _children.add(self)
+        children.add(self)
 
     def join(self, timeout: float | None = None) -> None:
         self._check_usable()
@@ -378,45 +374,19 @@ def parent_process() -> BaseProcess | None:
     return _parent
 
 
-def _become(process: Process) -> None:
+def become(process: Process) -> None:
     """Called in a child: this process is ``process``."""
-    global _current, _parent, _children
+    global _current, _parent
     process._pid = os.getpid()
     _parent = _ParentProcess(process._parent_pid, getattr(process, "_parent_name", "MainProcess"))
     # code written for multiprocessing asks its module (multiprocessing.parent_process())
     multiprocessing.process._parent_process = _parent
     _current = process
-    with _children_lock:
-        _children = set()
-
-
-def active_children() -> list[Process]:
-    """Started children that have not exited yet (reaping those that have)."""
-    with _children_lock:
-        children = list(_children)
-    return [p for p in children if p.is_alive()]
+    children.forget_all()
 
 
 def cpu_count() -> int:
     return os.cpu_count() or 1
-
-
-def stop_children(join_timeout: float | None = None) -> None:
-    """multiprocessing's exit rule: terminate daemonic children, join the others.  A child
-    that serves the others (the manager of module-level Lock, Value...: in multiprocessing
-    they are shared memory, which outlives every process) is stopped after them, its own way."""
-    serving = [p for p in active_children() if p._stop_after_children is not None]
-    for p in active_children():
-        if p.daemon and p not in serving:
-            p.terminate()
-    for p in active_children():
-        if p not in serving:
-            p.join(None if not p.daemon else 1.0)
-    for p in serving:
-        p._stop_after_children()
-    for p in active_children():
-        p.kill()
-        p.join(join_timeout)
 
 
 def _register_exit_hook() -> None:
@@ -425,4 +395,4 @@ def _register_exit_hook() -> None:
         _exit_hook_registered = True
         # registered after the hub's own hook, so it runs first: children
         # still reach the hub while they are joined
-        atexit.register(stop_children, 5.0)
+        atexit.register(children.stop_children, 5.0)

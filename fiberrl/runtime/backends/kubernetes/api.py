@@ -1,16 +1,8 @@
-"""Requests through the official client: the message of an API error,
-creates retried over transient failures, and reading responses (to their
-end, closed, line by line)."""
+"""Responses of the official client: the message of an API error, and
+reading responses (as JSON, to their end, closed, line by line)."""
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .connection import _Connection
-
-CREATE_ATTEMPTS = 4
 
 
 def api_message(exc) -> str:
@@ -21,28 +13,15 @@ def api_message(exc) -> str:
         return f"{exc.status} {exc.reason}"
 
 
-def _create(connection: _Connection, call, *args) -> None:
-    """A create request, retried over transient failures (a lost connection,
-    429, 5xx); a retry answered 409 found the object an earlier try made."""
-    import urllib3
-    ApiException = connection.client_module.ApiException
-    for attempt in range(CREATE_ATTEMPTS):
-        last = attempt == CREATE_ATTEMPTS - 1
-        try:
-            _consume(call(*args, _preload_content=False))
-            return
-        except ApiException as exc:
-            if exc.status == 409 and attempt > 0:
-                return
-            if exc.status not in (429, 500, 502, 503, 504) or last:
-                raise
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            if last:
-                raise RuntimeError(f"the kubernetes API server at {connection.host} is unreachable: {exc!r}") from None
-        time.sleep(0.5 * 2 ** attempt)
+def read_json(response) -> dict:
+    """The JSON body of a response read whole, its connection released."""
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
 
 
-def _consume(response) -> None:
+def consume(response) -> None:
     """Read a response to its end, so its connection can carry the next request."""
     try:
         _ = response.data
@@ -50,7 +29,7 @@ def _consume(response) -> None:
         response.release_conn()
 
 
-def _close(response) -> None:
+def close_streamed(response) -> None:
     """Done with a streamed response, read to its end or not."""
     try:
         response.close()
@@ -59,7 +38,7 @@ def _close(response) -> None:
         pass
 
 
-def _lines(response):
+def streamed_lines(response):
     """The newline-delimited lines of a streamed response."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=False):

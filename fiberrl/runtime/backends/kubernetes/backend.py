@@ -12,7 +12,7 @@ import uuid
 from urllib.parse import urlparse
 
 from ..base import NEVER_RAN_EXIT, Backend, Job, JobSpec, JobStatus
-from .api import _create, api_message
+from .api import api_message
 from .cache import PodCache
 from .connection import _Connection, route_source
 from .deletion import _Deleter, delete_matching, delete_pod
@@ -125,7 +125,7 @@ class KubernetesBackend(_SubmittedRuns, Backend):
         with self._cache.cond:
             self._cache.jobs[name] = handle
         try:
-            _create(connection, connection.api.create_namespaced_pod, connection.namespace, body)
+            connection.create(connection.api.create_namespaced_pod, connection.namespace, body)
         except connection.client_module.ApiException as exc:
             message = api_message(exc)
             if exc.status == 403 and "exceeded quota" in message:

@@ -4,9 +4,15 @@ it.  Every change bumps ``generation`` and wakes whoever waits on ``cond``."""
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
-from .jobs import _PodJob
 from .pod_state import _PodState, update_state
+
+
+class AwaitedPod(Protocol):
+    """What the cache reads of a job's handle (``jobs._PodJob``)."""
+
+    posted: float | None  # when the API server accepted the pod; None until it has
 
 
 class PodCache:
@@ -14,7 +20,7 @@ class PodCache:
         self.cond = threading.Condition()
         self.generation = 0
         self.pods: dict[str, _PodState] = {}
-        self.jobs: dict[str, _PodJob] = {}
+        self.jobs: dict[str, AwaitedPod] = {}  # this process's jobs' handles, by pod name
 
     def apply(self, kind: str, pod: dict) -> None:
         """A watch event."""

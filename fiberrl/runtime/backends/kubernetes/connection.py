@@ -1,19 +1,21 @@
 """The connection to the API server: the client configured from a kubeconfig
-or a pod's service account, the namespace, and the pod this process runs in."""
+or a pod's service account, the namespace, the pod this process runs in,
+and creates retried over transient failures."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
+import time
 
 from .. import probes
-from .api import api_message
+from .api import api_message, consume, read_json
 from .names import POD_NAME_ENV, POD_NAMESPACE_ENV
 
 log = logging.getLogger("fiberrl")
 
+CREATE_ATTEMPTS = 4
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -98,16 +100,29 @@ class _Connection:
                     namespace = (os.environ.get(POD_NAMESPACE_ENV) or self._service_account_namespace()
                                  or self.namespace)
                     try:
-                        self._pod = self.read(self.api.read_namespaced_pod(name, namespace, _preload_content=False))
+                        self._pod = read_json(self.api.read_namespaced_pod(name, namespace, _preload_content=False))
                     except self.client_module.ApiException as exc:
                         log.warning("kubernetes backend: cannot read this process's pod %s/%s (%s); its jobs will "
                                     "not be owned by it", namespace, name, api_message(exc))
                 self._pod_read = True
             return self._pod
 
-    @staticmethod
-    def read(response) -> dict:
-        try:
-            return json.loads(response.data)
-        finally:
-            response.release_conn()
+    def create(self, call, *args) -> None:
+        """A create request, retried over transient failures (a lost connection,
+        429, 5xx); a retry answered 409 found the object an earlier try made."""
+        import urllib3
+        ApiException = self.client_module.ApiException
+        for attempt in range(CREATE_ATTEMPTS):
+            last = attempt == CREATE_ATTEMPTS - 1
+            try:
+                consume(call(*args, _preload_content=False))
+                return
+            except ApiException as exc:
+                if exc.status == 409 and attempt > 0:
+                    return
+                if exc.status not in (429, 500, 502, 503, 504) or last:
+                    raise
+            except (OSError, urllib3.exceptions.HTTPError) as exc:
+                if last:
+                    raise RuntimeError(f"the kubernetes API server at {self.host} is unreachable: {exc!r}") from None
+            time.sleep(0.5 * 2 ** attempt)

@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 
-from .api import _consume, api_message
+from .api import api_message, consume, read_json
 from .connection import _Connection
 
 log = logging.getLogger("fiberrl")
@@ -15,7 +15,7 @@ log = logging.getLogger("fiberrl")
 def delete_pod(connection: _Connection, namespace: str, name: str, grace: int | None) -> None:
     """Delete one pod; a failure is logged, not raised (one already gone is no failure)."""
     try:
-        _consume(connection.api.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
+        consume(connection.api.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
                                                       _preload_content=False))
     except connection.client_module.ApiException as exc:
         if exc.status != 404:
@@ -34,16 +34,16 @@ def delete_matching(connection: _Connection, kind: str, selector: str) -> None:
     grace = {"grace_period_seconds": 0} if pods else {}
     try:
         collection = api.delete_collection_namespaced_pod if pods else api.delete_collection_namespaced_secret
-        _consume(collection(namespace, label_selector=selector, _preload_content=False, **grace))
+        consume(collection(namespace, label_selector=selector, _preload_content=False, **grace))
         return
     except connection.client_module.ApiException as exc:
         if exc.status != 403:
             raise
     listing = api.list_namespaced_pod if pods else api.list_namespaced_secret
     delete = api.delete_namespaced_pod if pods else api.delete_namespaced_secret
-    for item in _Connection.read(listing(namespace, label_selector=selector, _preload_content=False))["items"]:
+    for item in read_json(listing(namespace, label_selector=selector, _preload_content=False))["items"]:
         try:
-            _consume(delete(item["metadata"]["name"], namespace, _preload_content=False, **grace))
+            consume(delete(item["metadata"]["name"], namespace, _preload_content=False, **grace))
         except connection.client_module.ApiException as exc:
             if exc.status != 404:
                 raise

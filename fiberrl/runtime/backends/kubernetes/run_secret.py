@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 from ..base import JobSpec
-from .api import _create, api_message
+from .api import api_message
 from .connection import _Connection
 from .names import SECRET_ENV, SECRET_KEY, secret_name
 
@@ -36,7 +36,7 @@ class RunSecrets:
         if owners:
             body["metadata"]["ownerReferences"] = owners
         try:
-            _create(connection, connection.api.create_namespaced_secret, connection.namespace, body)
+            connection.create(connection.api.create_namespaced_secret, connection.namespace, body)
         except connection.client_module.ApiException as exc:
             if exc.status != 409:
                 raise RuntimeError(f"the kubernetes backend cannot create the run's Secret {secret_name(run)} in "

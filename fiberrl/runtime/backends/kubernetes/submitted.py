@@ -8,8 +8,7 @@ import time
 import uuid
 
 from ..base import JobSpec, decode_text
-from .api import _close, _consume, _create, api_message
-from .connection import _Connection
+from .api import api_message, close_streamed, consume, read_json
 from .deletion import delete_matching, delete_pod
 from .names import CONTAINER, PROCESS_LABEL, RUN_LABEL, SUBMITTED_LABEL, label_value, secret_name
 from .pod_state import UNRECOVERABLE, _PodState, exit_code_of, update_state
@@ -31,7 +30,7 @@ class _SubmittedRuns:
         name = f"fiberrl-{spec.run}-master-{uuid.uuid4().hex[:6]}"
         body = self._pod_body(spec, name, labels, None)
         try:
-            _create(connection, connection.api.create_namespaced_pod, connection.namespace, body)
+            connection.create(connection.api.create_namespaced_pod, connection.namespace, body)
         except connection.client_module.ApiException as exc:
             raise RuntimeError(f"the kubernetes backend cannot create pod {name} in namespace "
                                f"{connection.namespace}: {api_message(exc)}") from None
@@ -40,8 +39,7 @@ class _SubmittedRuns:
     def _read_pod(self, name: str) -> dict | None:
         connection = self._connect()
         try:
-            return _Connection.read(connection.api.read_namespaced_pod(name, connection.namespace,
-                                                                       _preload_content=False))
+            return read_json(connection.api.read_namespaced_pod(name, connection.namespace, _preload_content=False))
         except connection.client_module.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -97,7 +95,7 @@ class _SubmittedRuns:
                 chunks = response.stream(amt=None, decode_content=True) if follow else [response.data]
                 yield from decode_text(chunks)
             finally:
-                _close(response)
+                close_streamed(response)
 
         return chunks()
 
@@ -119,7 +117,7 @@ class _SubmittedRuns:
         except ApiException as exc:
             raise RuntimeError(f"cannot remove the pods of run {run}: {api_message(exc)}") from None
         try:
-            _consume(connection.api.delete_namespaced_secret(secret_name(run), connection.namespace,
+            consume(connection.api.delete_namespaced_secret(secret_name(run), connection.namespace,
                                                              _preload_content=False))
         except ApiException as exc:
             if exc.status != 404:

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 
-from .api import _close, _lines, api_message
+from .api import api_message, close_streamed, read_json, streamed_lines
 from .cache import PodCache
 from .connection import _Connection
 
@@ -44,8 +44,8 @@ class _Watch:
     def _relist(self) -> str:
         started = time.monotonic()
         api = self.connection.api
-        listing = _Connection.read(api.list_namespaced_pod(self.connection.namespace, label_selector=self.selector,
-                                                           _preload_content=False, _request_timeout=60))
+        listing = read_json(api.list_namespaced_pod(self.connection.namespace, label_selector=self.selector,
+                                                    _preload_content=False, _request_timeout=60))
         self.cache.replace(listing.get("items") or [], started)
         self.error = None
         return listing["metadata"]["resourceVersion"]
@@ -65,7 +65,7 @@ class _Watch:
                     _preload_content=False, _request_timeout=(30, WATCH_READ_TIMEOUT))
                 self._response = response
                 try:
-                    for line in _lines(response):
+                    for line in streamed_lines(response):
                         if self.stopped:
                             return
                         if not line.strip():
@@ -83,7 +83,7 @@ class _Watch:
                         failures = 0
                 finally:
                     self._response = None
-                    _close(response)
+                    close_streamed(response)
             except ApiException as exc:
                 if exc.status == 410:
                     version = None

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from .backends import listen_host
-from .meta import resources_of
-from .pool.results import with_remote_traceback
-from .processes.process import Process
+from ..backends import listen_host
+from ..meta import resources_of
+from ..pool.results import with_remote_traceback
+from ..processes.process import Process
 from .queues import Queue
 
 # how often run() looks for a member that died without a word: a dead member

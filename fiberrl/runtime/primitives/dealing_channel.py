@@ -14,9 +14,9 @@ import queue
 import time
 from collections import deque
 
+from ..net.transport import CLOSED, EMPTY, OK, Request
+from ..processes.hub import get_hub
 from .channel import LOCAL, Channel, ChannelClosed
-from .net.transport import CLOSED, EMPTY, OK, Request
-from .processes.hub import get_hub
 
 IDLE_SECONDS = 1.0
 

@@ -16,10 +16,10 @@ import time
 import uuid
 from collections import deque
 
-from .net import wire
-from .net.errors import PeerGone
-from .net.transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, Request, check_size
-from .processes.hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
+from ..net import wire
+from ..net.errors import PeerGone
+from ..net.transport import CLOSED, EMPTY, ERROR, FULL, MISSING, OK, Request, check_size
+from ..processes.hub import Q_CLOSE, Q_GET, Q_HOLD, Q_PEND, Q_PUT, Q_SIZE, Q_UNPEND, current_hub, get_hub
 
 _TIMEOUT = struct.Struct("<d")
 _SIZE = struct.Struct("<q")

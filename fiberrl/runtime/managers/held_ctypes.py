@@ -1,21 +1,22 @@
-"""Shared ctypes objects that are not plain numbers: ``Array('c', b'...')``
-(``.value``, ``.raw``), ``Value(SomeStructure, ...)`` and arrays of
-structures, as ``multiprocessing.sharedctypes`` makes them.
+"""Shared ctypes objects that are not plain numbers, held by a manager:
+``Array('c', b'...')`` (``.value``, ``.raw``), ``Value(SomeStructure, ...)``
+and arrays of structures, as ``multiprocessing.sharedctypes`` makes them.
 
 multiprocessing puts them in shared memory; processes here may be on other
-hosts, so the object lives in the run's manager and this side walks it by a
-path of indexes and field names: ``points[2].x = 1.5`` is one call that sets
-field ``x`` of element 2 where the object lives.  Indexing or reading a field
-of structure or array type gives another view (so ``for p in points: p.x *= 2``
-changes the shared points, as in multiprocessing); reading a simple field or
-element gives its value.
+hosts, so the object lives in the run's manager (:class:`HeldCtypes`, reached
+through :class:`HeldCtypesProxy`) and this side (:class:`SharedCtypes`) walks
+it by a path of indexes and field names: ``points[2].x = 1.5`` is one call
+that sets field ``x`` of element 2 where the object lives.  Indexing or
+reading a field of structure or array type gives another view (so ``for p in
+points: p.x *= 2`` changes the shared points, as in multiprocessing); reading
+a simple field or element gives its value.
 """
 from __future__ import annotations
 
 import ctypes
 from multiprocessing.sharedctypes import typecode_to_type
 
-from .managers.sync_types import HeldCtypesProxy
+from .proxy import BaseProxy, forwarding
 
 _COMPOUND = (ctypes.Structure, ctypes.Union, ctypes.Array)
 
@@ -53,6 +54,40 @@ def _field_type(ctype, name: str):
         if field[0] == name:
             return field[1]
     return None
+
+
+class HeldCtypes:
+    """In the manager: the ctypes object, reached by paths of steps (an index, a
+    slice or a field name), each step as Python's own ``obj[step]`` or
+    ``getattr(obj, step)`` takes it, so what a step returns shares the object's memory."""
+
+    def __init__(self, description, args):
+        self._obj = build(description)(*args)
+
+    def _walk(self, path) -> object:
+        obj = self._obj
+        for step in path:
+            obj = getattr(obj, step) if isinstance(step, str) else obj[step]
+        return obj
+
+    def get(self, path):
+        return self._walk(path)
+
+    def set(self, path, value) -> None:
+        *to, last = path
+        parent = self._walk(to)
+        if isinstance(last, str):
+            setattr(parent, last, value)
+        else:
+            parent[last] = value
+
+    def __repr__(self):
+        return f"<{type(self._obj).__name__} held for sharing>"
+
+
+@forwarding("get", "set", also=("__repr__",))
+class HeldCtypesProxy(BaseProxy):
+    pass
 
 
 class SharedCtypes:
