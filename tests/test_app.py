@@ -61,12 +61,14 @@ def test_overrides_are_typed_and_checked():
      r"error: backend.settings: configure\(\): unknown runtime setting 'slurm_partion'; known settings: .*"),
     (["backend.name=nope"], r"error: unknown backend 'nope'; available: local, docker, kubernetes, slurm \(or auto\)"),
 ])
+@pytest.mark.slow
 def test_bad_settings_fail_in_one_line(tmp_path, args, message):
     result = fiberrl_cli([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert re.fullmatch(message + r".*\n", result.stderr), result.stderr
 
 
+@pytest.mark.slow
 def test_unknown_algo_and_misspelt_key_get_hydras_message(tmp_path):
     result = fiberrl_cli(["algo=nope"], tmp_path)
     assert result.returncode == 1 and "Could not find 'algo/nope'" in result.stderr
@@ -76,6 +78,7 @@ def test_unknown_algo_and_misspelt_key_get_hydras_message(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing started
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
     run_dir = tmp_path / "run"
     first = fiberrl_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
@@ -109,6 +112,7 @@ def test_a_command_line_registers_only_the_algorithm_it_runs(command_line, used)
     assert algorithms_used(command_line) == used
 
 
+@pytest.mark.slow
 def test_an_es_run_does_not_import_torch(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "fiberrl", *TINY,
@@ -120,6 +124,7 @@ def test_an_es_run_does_not_import_torch(tmp_path):
     assert "fiberrl.app" in imported and "torch" not in imported
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_combination(tmp_path):
     result = fiberrl_cli(["-m", "seed=0,1", "algo.sigma=0.02,0.05", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                          tmp_path, timeout=300)
@@ -138,6 +143,7 @@ def readme_main_command() -> list[str]:
     return shlex.split(python_part)[1:]
 
 
+@pytest.mark.slow
 def test_readme_main_command_runs(tmp_path):
     args = readme_main_command()
     assert args[:2] == ["-m", "fiberrl"], args

@@ -1,6 +1,6 @@
 """One runtime conformance suite, run on every backend this machine has.
 
-Each cluster backend has a helper module beside this file
+Each cluster backend has a helper module in tests/helpers/
 (``docker_backend``, ``kubernetes_backend``, ``slurm_backend``) that says
 whether it can run here, the settings that point the runtime at it, how a
 user would kill one of its jobs, and which of its jobs are left.  A backend
@@ -24,7 +24,9 @@ from fiberrl.runtime.connection import wait
 from fiberrl.runtime.managers import AsyncManager, ManagerError
 from fiberrl.runtime.pool.results import RemoteTraceback
 
-BACKENDS = ["local", "docker", "kubernetes", "slurm"]
+pytestmark = pytest.mark.slow  # the tests here start processes
+
+BACKENDS = ["local", *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in ("docker", "kubernetes", "slurm"))]
 ES_METRICS = {}  # backend -> what a short ES run logged; every backend must log the same
 PPO_METRICS = {}  # the same for PPO, whose envs live on env servers (job-backed managers)
 
@@ -51,7 +53,7 @@ def cluster(request):
     if name == "local":
         helper = LocalHelper
     else:
-        helper = importlib.import_module(f"{name}_backend")
+        helper = importlib.import_module(f"helpers.{name}_backend")
         reason = helper.available()
         if reason:
             pytest.skip(f"{name} backend cannot run here: {reason}")

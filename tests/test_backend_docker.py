@@ -2,7 +2,7 @@
 daemon received (container labels, limits, mounts) and what the jobs saw.
 
 Skipped, with the reason, when no daemon answers (see .ci/start-docker).
-The jobs run in the image tests/docker_backend.py makes from this machine's
+The jobs run in the image tests/helpers/docker_backend.py makes from this machine's
 libraries, with the interpreter and the venv mounted.
 """
 import os
@@ -13,18 +13,26 @@ import textwrap
 import time
 import uuid
 
-import docker_backend
 import pytest
 from conftest import ROOT, clean_up_as_at_exit, wait_until
+from helpers import docker_backend
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.backends import OWNER, JobSpec, get_backend
 from fiberrl.runtime.backends.docker import DockerBackend, DockerError, exit_code
 from fiberrl.runtime.net import auth
 
-REASON = docker_backend.available()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"docker backend cannot run here: {REASON}")
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def a_docker_daemon():
+    """Without one, the tests here are skipped.  Asked when they run, not when they are collected:
+    a daemon that does not answer can take its client's timeout to say so."""
+    reason = docker_backend.available()
+    if reason is not None:
+        pytest.skip(f"docker backend cannot run here: {reason}")
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +52,11 @@ def docker_config():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_containers_left():
+def no_containers_left(a_docker_daemon):
     yield
-    if REASON is None:
-        clean_up_as_at_exit("docker")
-        assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), \
-            f"containers left: {docker_backend.leftovers()}"
+    clean_up_as_at_exit("docker")
+    assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), \
+        f"containers left: {docker_backend.leftovers()}"
 
 
 # --- what the jobs run ---------------------------------------------------------

@@ -1,7 +1,7 @@
 """The kubernetes backend, against a stand-in API server.
 
 No Kubernetes cluster can run here, so the API server is a stand-in
-(tests/k8s_standin/): it speaks the REST API the official client uses for
+(tests/helpers/k8s_standin/): it speaks the REST API the official client uses for
 pods, logs and secrets, and runs each pod's command as a local process.
 These tests check what the backend asked of it (the exact pod specs) and
 what the runtime makes of the answers.
@@ -16,7 +16,7 @@ import subprocess
 import textwrap
 import time
 
-import kubernetes_backend as kb
+from helpers import kubernetes_backend as kb
 import pytest
 from conftest import PYTHON, ROOT, pid_alive, wait_until
 
@@ -29,7 +29,8 @@ from fiberrl.runtime.backends.kubernetes.names import label_value
 from fiberrl.runtime.net import auth
 from fiberrl.runtime.processes.process import CHILD_COMMAND
 
-pytestmark = pytest.mark.skipif(kb.available() is not None, reason=kb.available() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.kubernetes,
+              pytest.mark.skipif(kb.available() is not None, reason=kb.available() or "")]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import ROOT, wait_until
-from slurm_backend import available, kill_job, leftovers, settings
+from helpers.slurm_backend import available, kill_job, leftovers, settings
 
 import fiberrl.runtime as mp
 from fiberrl.runtime import config
@@ -25,8 +25,16 @@ from fiberrl.runtime.backends import NEVER_RAN_EXIT, OWNER, JobSpec, get_backend
 from fiberrl.runtime.backends.slurm import SlurmError
 from fiberrl.runtime.net import auth
 
-REASON = available()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no Slurm cluster: {REASON}")
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def a_slurm_cluster():
+    """Without one, the tests here are skipped.  Asked when they run, not when they are collected:
+    where no controller answers, sinfo takes seconds to say so."""
+    reason = available()
+    if reason is not None:
+        pytest.skip(f"no Slurm cluster: {reason}")
 
 
 @pytest.fixture(autouse=True)

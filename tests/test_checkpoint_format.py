@@ -12,6 +12,9 @@ from fiberrl.app import run
 from fiberrl.config import compose
 from fiberrl.run import CHECKPOINT_FORMAT, CheckpointMismatch, NoUsableCheckpoint, load_npz, save_npz
 
+# every test here trains a run (pool workers, env servers)
+pytestmark = pytest.mark.slow
+
 # a noise table no other test uses
 SEED, NOISE_SIZE = 4183, 100_019
 ES = ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_size={NOISE_SIZE}", f"seed={SEED}",

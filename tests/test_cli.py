@@ -10,6 +10,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 MASTER = """
 import fiberrl.runtime as mp
 
@@ -33,14 +35,15 @@ def fiberrl(args, home, extra_env=None, timeout=240):
 
 def settings_env(name: str) -> dict:
     """The test helper's runtime settings as the FIBERRL_* variables a user would export."""
-    helper = importlib.import_module(f"{name}_backend")
+    helper = importlib.import_module(f"helpers.{name}_backend")
     reason = helper.available()
     if reason:
         pytest.skip(f"{name} backend cannot run here: {reason}")
     return {f"FIBERRL_{k.upper()}": str(v) for k, v in helper.settings().items() if k != "backend"}
 
 
-@pytest.mark.parametrize("backend", ["docker", "slurm", "kubernetes"])
+@pytest.mark.parametrize("backend", [pytest.param(name, marks=getattr(pytest.mark, name))
+                                     for name in ("docker", "slurm", "kubernetes")])
 def test_submit_follow_status_logs_cancel(backend, tmp_path):
     env = settings_env(backend)
     script = tmp_path / "master.py"

@@ -67,6 +67,7 @@ def test_bad_values_say_what_was_wrong(monkeypatch, tmp_path):
         config.get_config()
 
 
+@pytest.mark.slow
 def test_import_does_no_work():
     import subprocess
     import sys
@@ -84,6 +85,7 @@ def child_reports_config(q):
     q.put(get_config().heartbeat_timeout)
 
 
+@pytest.mark.slow
 def test_children_inherit_the_resolved_config():
     import fiberrl.runtime as mp
     config.configure(heartbeat_timeout=4.5)

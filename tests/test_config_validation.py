@@ -181,6 +181,7 @@ def test_a_bad_setting_is_refused_in_one_line_before_anything_starts(command_lin
     ("algo.checkpoint_every=0", "algo.checkpoint_every"),
     ("+backend.settings.heartbeat_timeout=-1", "heartbeat_timeout"),
 ])
+@pytest.mark.slow
 def test_the_command_line_refuses_a_bad_setting_in_one_line(command_line, key, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-m", "fiberrl", *TINY, *command_line.split(),

@@ -18,7 +18,7 @@ from fiberrl.app import UsageError, run
 from fiberrl.config import compose
 from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # ppo_toy_env, for the env servers too
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.ppo_toy_env, for the env servers too
 
 envpool = pytest.importorskip("envpool", reason="envpool is not installed (pip install 'fiberrl[envpool]')")
 
@@ -47,6 +47,7 @@ def _episodes(steps):
     return [e for s in steps for e in s.episodes]
 
 
+@pytest.mark.slow
 def test_cartpole_on_envpool_keeps_the_contract_and_the_numbers_of_the_gymnasium_path():
     pool_first, pool, pool_spaces = _random_steps(EnvSpec("CartPole-v1", engine="envpool"), 1500)
     gym_first, gym, gym_spaces = _random_steps(EnvSpec("CartPole-v1"), 1500)
@@ -65,6 +66,7 @@ def test_cartpole_on_envpool_keeps_the_contract_and_the_numbers_of_the_gymnasium
         assert np.abs(step.obs[ended]).max(initial=0) <= 0.05
 
 
+@pytest.mark.slow
 def test_a_truncated_envpool_episode_gives_its_last_observation_and_starts_a_new_one():
     _, steps, _ = _random_steps(EnvSpec("Pendulum-v1", max_episode_steps=20, engine="envpool"), 45,
                                 envs_per_server=2)
@@ -80,6 +82,7 @@ def test_a_truncated_envpool_episode_gives_its_last_observation_and_starts_a_new
             assert not step.truncated.any() and not step.final_obs and not step.episodes
 
 
+@pytest.mark.slow
 def test_breakout_on_envpool_ends_a_life_as_a_step_and_a_game_as_an_episode():
     spec = EnvSpec("BreakoutNoFrameskip-v4", atari=True, engine="envpool")
     first, steps, (obs_space, action_space) = _random_steps(spec, 1200, envs_per_server=3)
@@ -111,6 +114,7 @@ def test_breakout_on_envpool_ends_a_life_as_a_step_and_a_game_as_an_episode():
     assert 0.3 < np.mean(pool_scores) < 3.0 and 0.3 < np.mean(gym_scores) < 3.0
 
 
+@pytest.mark.slow
 def test_an_atari_time_limit_counts_emulator_frames_on_envpool_as_on_gymnasium():
     spec = EnvSpec("BreakoutNoFrameskip-v4", atari=True, max_episode_steps=400, engine="envpool")
     _, steps, _ = _random_steps(spec, 101, servers=1, envs_per_server=2)
@@ -125,6 +129,7 @@ class Interrupted(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_ppo_trains_on_envpool_servers_replaces_a_killed_one_and_resumes(tmp_path, caplog):
     settings = [*FAST, "env=breakout_noframeskip", "env.engine=envpool", "workers=2", "algo.envs_per_worker=2",
                 "algo.num_steps=32", "algo.total_timesteps=768", "algo.checkpoint_every=2", "seed=3"]
@@ -149,9 +154,9 @@ def test_engine_settings_are_resolved_or_refused_in_one_line(tmp_path):
     from algos.on_policy.envs import env_spec
     assert env_spec(compose([*FAST, "env=cartpole"])).engine == "envpool"            # auto: EnvPool has it
     assert env_spec(compose([*FAST, "env=cartpole", "env.engine=gymnasium"])).engine == "gymnasium"
-    toy = ["env=gym", "env.id=ppo_toy_env:Chain-v0"]
+    toy = ["env=gym", "env.id=helpers.ppo_toy_env:Chain-v0"]
     assert env_spec(compose([*FAST, *toy])).engine == "gymnasium"                    # auto: EnvPool lacks it
-    with pytest.raises(UsageError, match="env.engine=envpool: EnvPool has no ppo_toy_env:Chain-v0; env.engine=gym"):
+    with pytest.raises(UsageError, match=r"env.engine=envpool: EnvPool has no helpers\.ppo_toy_env:Chain-v0; env.engine=gym"):
         run(compose([*FAST, *toy, "env.engine=envpool"]), tmp_path / "toy")
     with pytest.raises(UsageError, match="env.engine=envpool: env.kwargs=.*does not take gymnasium's kwargs"):
         run(compose([*FAST, "env=cartpole", "env.engine=envpool", "+env.kwargs.sutton_barto_reward=true"]),

@@ -72,6 +72,7 @@ def _open_table(seed, size, out):
     out.put((table.created, float(table.noise[:1000].sum()), table.path))
 
 
+@pytest.mark.slow
 def test_noise_table_is_made_once_per_host_and_shared():
     seed, size = 987, 3_000_000
     expected = np.empty(size, np.float32)
@@ -105,6 +106,7 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_cartpole_reaches_500(tmp_path):
     summary = _train(tmp_path, "solve", ["workers=2", "algo.population=64", "algo.iterations=40",
                                          "algo.stop_reward=500", "algo.eval_episodes=3"])
@@ -120,6 +122,7 @@ def _pool_workers():
     return [p for p in mp.active_children() if p.name.startswith("PoolWorker") and p.is_alive()]
 
 
+@pytest.mark.slow
 def test_same_seed_same_parameters_with_any_worker_count_and_killed_workers(tmp_path):
     settings = ["algo.iterations=6", "seed=3"]
     one = _train(tmp_path, "one", ["workers=1", *settings])
@@ -155,6 +158,7 @@ def test_same_seed_same_parameters_with_any_worker_count_and_killed_workers(tmp_
     assert rewards == [[m["reward_mean"], m["eval_reward"]] for m in _metrics(tmp_path / "killed")]
 
 
+@pytest.mark.slow
 def test_box2d_episodes_do_not_depend_on_what_a_worker_ran_before(tmp_path):
     # a Box2D world keeps state across resets: each task gets a fresh env, or results follow the task order
     settings = ["env=bipedal_walker", "algo.iterations=2", "algo.population=6", "algo.episode_steps=60",
@@ -164,6 +168,7 @@ def test_box2d_episodes_do_not_depend_on_what_a_worker_ran_before(tmp_path):
     assert np.array_equal(one["theta"], three["theta"])
 
 
+@pytest.mark.slow
 def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     settings = ["workers=2", "algo.checkpoint_every=2", "seed=5"]
     whole = _train(tmp_path, "whole", ["algo.iterations=6", *settings])
@@ -179,6 +184,7 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
             == [{k: v for k, v in m.items() if k not in strip} for m in _metrics(tmp_path / "parts")])
 
 
+@pytest.mark.slow
 def test_a_budget_of_env_steps_ends_the_run_at_the_update_that_reaches_it_with_a_checkpoint_of_it(tmp_path):
     settings = ["workers=2", "algo.checkpoint_every=100", "algo.iterations=100", "seed=3"]
     whole = _train(tmp_path, "whole", ["algo.total_timesteps=6000", *settings])
@@ -231,6 +237,7 @@ def test_sigma_decays_after_each_update_down_to_its_floor():
         noise.unlink()
 
 
+@pytest.mark.slow
 def test_clipup_sigma_schedule_and_averaged_episodes_run_on_workers_and_resume_exactly(tmp_path):
     settings = ["workers=2", "algo.checkpoint_every=2", "seed=3", "algo.optimizer=clipup", "algo.learning_rate=0.05",
                 "algo.sigma=0.1", "algo.sigma_decay=0.9", "algo.sigma_min=0.05", "algo.episodes_per_eval=2"]
@@ -246,6 +253,7 @@ def test_clipup_sigma_schedule_and_averaged_episodes_run_on_workers_and_resume_e
     assert two_episodes["timesteps"] > 1.5 * one_episode["timesteps"]
 
 
+@pytest.mark.slow
 def test_adaptive_episode_cap_grows_when_enough_episodes_reach_it_and_resumes_exactly(tmp_path):
     settings = ["workers=2", "algo.checkpoint_every=2", "seed=4", "algo.episode_steps=8",
                 "algo.episode_steps_growth=2", "algo.episode_steps_grow_at=0.5"]
@@ -276,6 +284,7 @@ def test_an_adaptive_cap_needs_a_starting_cap_and_leaves_the_eval_episodes_to_th
     assert eval_episode_steps(fixed.algo, fixed.env) == 100
 
 
+@pytest.mark.slow
 def test_a_run_with_an_adaptive_cap_is_evaluated_to_the_env_limit_and_one_with_a_fixed_cap_to_its_cap(tmp_path):
     """fiberrl.evaluate scores a policy under the cap its run scored it under: a starting cap of 10
     steps is not what a walker that learnt under a cap grown to 1,600 is judged by."""
@@ -288,11 +297,13 @@ def test_a_run_with_an_adaptive_cap_is_evaluated_to_the_env_limit_and_one_with_a
     assert max(length for _, length in evaluate(tmp_path / "fixed", episodes=3, seed=0)) <= 10
 
 
+@pytest.mark.slow
 def test_torch_policy_runs(tmp_path):
     summary = _train(tmp_path, "torch", ["workers=1", "algo.policy=torch_mlp", "algo.iterations=2"])
     assert summary["iterations"] == 2 and summary["theta"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_continuous_actions_on_pendulum(tmp_path):
     cfg = compose(["env=pendulum", "workers=2", "algo.population=8", "algo.iterations=2", "algo.eval_episodes=1",
                    *SMALL])
@@ -301,6 +312,7 @@ def test_continuous_actions_on_pendulum(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_reward_clip_bounds_each_step_of_the_perturbations_scores_and_leaves_eval_reward_as_the_env_gives_it(
         tmp_path):
     # Pendulum pays between -16.3 and 0 a step for 200 steps; a random policy's episode costs ~-1,200
@@ -315,6 +327,7 @@ def test_reward_clip_bounds_each_step_of_the_perturbations_scores_and_leaves_eva
     assert _metrics(tmp_path / "clipped")[0]["eval_reward"] == _metrics(tmp_path / "free")[0]["eval_reward"]
     assert not np.array_equal(clipped["theta"], free["theta"])
 
+@pytest.mark.slow
 def test_a_run_directory_is_not_silently_reused(tmp_path):
     _train(tmp_path, "once", ["workers=1", "algo.iterations=1"])
     with pytest.raises(ValueError, match="already holds a run; pass resume="):

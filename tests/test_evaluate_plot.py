@@ -92,6 +92,7 @@ def test_load_policy_returns_the_saved_policy(tmp_path):
     assert obs_clip == 5.0
 
 
+@pytest.mark.slow
 def test_cli_prints_episodes_and_summary_and_writes_a_gif(tmp_path):
     run = make_run(tmp_path / "run")
     video = tmp_path / "first.gif"
@@ -127,6 +128,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, words):
     assert_one_line_error(capsys.readouterr().err, *words)
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_without_traceback(tmp_path):
     done = run_cli("fiberrl.evaluate", tmp_path)
     assert done.returncode == 2

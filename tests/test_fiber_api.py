@@ -9,6 +9,8 @@ import fiberrl.runtime as mp
 from fiberrl.runtime import config
 from fiberrl.runtime.net import auth
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 
 @pytest.fixture(autouse=True)
 def fresh_config(monkeypatch):

@@ -13,9 +13,12 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 from conftest import ROOT
-from script_runs import run_script
+from helpers.script_runs import run_script
+
+pytestmark = pytest.mark.slow  # the tests here start processes
 
 EXAMPLES = os.path.join(ROOT, "examples", "fiber_docs")
 

@@ -11,7 +11,8 @@ import fiberrl.runtime as mp
 from conftest import pid_alive, wait_until
 from fiberrl.runtime.config import reset
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")]
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,11 @@ import subprocess
 import textwrap
 import time
 
+import pytest
+
 from conftest import PYTHON, pid_alive, wait_until
+
+pytestmark = pytest.mark.slow  # the tests here start processes
 
 KILLED_PARENT = textwrap.dedent("""
     import os, sys, time

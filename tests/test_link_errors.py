@@ -30,6 +30,7 @@ def test_the_family_is_one_of_connection_errors():
     assert issubclass(mp.ManagerError, mp.PeerGone)
 
 
+@pytest.mark.slow
 def test_a_killed_managers_objects_raise_peer_gone():
     manager = mp.Manager()
     shared = manager.dict()

@@ -48,6 +48,7 @@ LISTENER_WITH_FEW_FDS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_listener_out_of_file_descriptors_goes_on_listening(script_env):
     """300 connections against a limit of 64 fds: accept() fails with EMFILE for a
     while, and once they are gone a client of the run is served again."""
@@ -87,18 +88,16 @@ def test_a_handshake_has_one_deadline_for_the_whole_of_it(monkeypatch):
     host, port = host_and_port(listener.address)
     slow = socket.create_connection((host, int(port)), timeout=10)
     hello = auth.NONCE_BYTES.to_bytes(8, "little") + auth.new_nonce()
-    started, closed_after = time.monotonic(), None
+    sent = 0
     try:
         for byte in hello:
             slow.send(bytes((byte,)))
+            sent += 1
             time.sleep(0.3)
     except (BrokenPipeError, ConnectionResetError):
-        closed_after = time.monotonic() - started
-    if closed_after is None:  # all sent: the listener must have hung up by now
-        slow.settimeout(5)
-        assert slow.recv(100) == b""
-        closed_after = time.monotonic() - started
-    assert closed_after < 4
+        pass
+    # each byte came within 0.3 s of the one before: the listener hung up while the hello still came
+    assert sent < len(hello), f"the listener took all {len(hello)} bytes of the hello, 0.3 s apart"
     slow.close()
     listener.close()
 

@@ -24,6 +24,7 @@ def two_gpus(monkeypatch):
     hand_out_gpus(monkeypatch, "0,1")
 
 
+@pytest.mark.slow
 def test_meta_recorded_in_jobspec_and_gpus_spread(two_gpus):
     q = mp.Queue()
     procs = [mp.Process(target=report_devices, args=(q,)) for _ in range(2)]
@@ -37,6 +38,7 @@ def test_meta_recorded_in_jobspec_and_gpus_spread(two_gpus):
     assert seen == ["0", "1"]  # one device each, not both on the first
 
 
+@pytest.mark.slow
 def test_more_gpus_than_visible_is_a_clear_error(two_gpus):
     with pytest.raises(ValueError, match=r"meta\(gpu=5\) asks for more GPUs than this machine shows \(2"):
         mp.Process(target=greedy).start()
@@ -50,6 +52,7 @@ def test_bad_meta_values():
         mp.meta(cpu=-1)
 
 
+@pytest.mark.slow
 def test_meta_through_subclass_run():
     class Worker(mp.Process):
         @mp.meta(cpu=3)

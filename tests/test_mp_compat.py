@@ -17,6 +17,8 @@ import fiberrl.runtime as mp
 from fiberrl.runtime.connection import wait
 from fiberrl.runtime.primitives.synchronize import shutdown_manager
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 
 @pytest.fixture(autouse=True)
 def stop_the_shared_objects_manager():
@@ -248,30 +250,37 @@ def send_after(conn, item, delay):
     conn.send(item)
 
 
+def sleep_then_note(seconds, path):
+    time.sleep(seconds)
+    with open(path, "w") as fh:
+        fh.write("woke")
+
+
 def close_and_linger(conn, linger):
     conn.close()
     time.sleep(linger)
 
 
-def test_forked_multiprocessing_children_hold_their_copies_of_a_pipes_end():
+def test_forked_multiprocessing_children_hold_their_copies_of_a_pipes_end(tmp_path):
     """As with a pipe's descriptors: each forked child's copy counts until it sends and
     exits, closes it, or ends unused; the parent closing its own right after start()
     ends nothing."""
     ctx = multiprocessing.get_context("fork")
     reader, writer = mp.Pipe(duplex=False)
+    woke = tmp_path / "woke"
     children = [ctx.Process(target=send_after, args=(writer, i, 0.4 * i)) for i in range(3)]
-    children.append(ctx.Process(target=time.sleep, args=(1.5,)))  # never uses its copy
+    children.append(ctx.Process(target=sleep_then_note, args=(1.5, woke)))  # never uses its copy
     for p in children:
         p.start()
     writer.close()
-    got, started = [], time.monotonic()
+    got = []
     while True:
         try:
             got.append(reader.recv())
         except EOFError:
             break
     assert got == [0, 1, 2]
-    assert time.monotonic() - started >= 1.3  # the idle child's copy held it open until it ended
+    assert woke.exists(), "the pipe ended before the idle child did: its copy did not hold it open"
     for p in children:
         p.join(30)
     reader, writer = mp.Pipe(duplex=False)

@@ -140,6 +140,7 @@ def _strip(metrics):
     return [{k: v for k, v in m.items() if k not in timing} for m in metrics]
 
 
+@pytest.mark.slow
 def test_a_short_run_grows_the_population_and_resumes_to_the_same_result(tmp_path):
     whole = run(compose(TINY + ["algo.iterations=8"]), tmp_path / "whole")
     assert whole["active_pairs"] > 1 and whole["envs_created"] >= 2
@@ -159,6 +160,7 @@ def test_a_short_run_grows_the_population_and_resumes_to_the_same_result(tmp_pat
     assert [(i, e) for i, e, _ in resumed["pairs"]] == [(i, e) for i, e, _ in whole["pairs"]]
 
 
+@pytest.mark.slow
 def test_the_small_preset_gets_its_walker_off_the_ground_early(tmp_path):
     # a learning check: seed 1 creates its first terrain at iteration 12 (with algo.es.sigma=0.1, the
     # preset's earlier value, it created none within 40 iterations)
@@ -172,6 +174,7 @@ def test_poets_es_settings_are_in_its_fingerprint():
     assert fingerprint(compose(TINY + ["algo.es.reward_clip=1"]))["algo"]["es"]["reward_clip"] == 1
 
 
+@pytest.mark.slow
 def test_poet_refuses_another_env_in_one_line(tmp_path):
     with pytest.raises(UsageError, match="use env=terrain_walker, not env=cartpole"):
         run(compose(TINY + ["env=cartpole"]), tmp_path / "run")

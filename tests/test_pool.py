@@ -11,6 +11,9 @@ import time
 import pytest
 
 import fiberrl.runtime as mp
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow  # the tests here start processes
 
 
 def square(x):
@@ -44,6 +47,24 @@ def read_marker(_):
 def nested_sum(n):
     with mp.Pool(2) as inner:
         return sum(inner.map(square, range(n)))
+
+
+def wait_for(path: str, timeout: float) -> bool:
+    """Until ``path`` exists (True), or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def pid_when_let_go(folder: str, name: str, patience: float = 60.0):
+    """A task that says it started (``<name>.started`` in ``folder``) and runs until the test lets it go
+    (``<name>.go``): its pid, and whether it was let go (False: it gave up after ``patience`` seconds).
+    What happens while it runs is then so by order, not by how fast the machine is."""
+    open(os.path.join(folder, name + ".started"), "w").close()
+    return os.getpid(), wait_for(os.path.join(folder, name + ".go"), patience)
 
 
 def test_map_apply_starmap_imap_and_results():
@@ -165,43 +186,42 @@ def test_resize_grows_and_shrinks_a_running_pool():
         assert pool.statistics().worker_restarts == 0
 
 
-def test_no_idle_worker_while_another_has_a_backlog():
+def test_no_idle_worker_while_another_has_a_backlog(tmp_path):
+    """The slow task runs until the quick ones are all done: one queued behind it would wait until
+    the slow one gave up, and the map with it."""
     with mp.Pool(3) as pool:
-        while pool.statistics().workers_alive < 3:
-            time.sleep(0.05)
-        slow = pool.apply_async(pid_after, (2.0,))
-        time.sleep(0.2)
-        start = time.monotonic()
+        assert wait_until(lambda: pool.statistics().workers_alive == 3, 60)
+        slow = pool.apply_async(pid_when_let_go, (str(tmp_path), "slow"))
+        assert wait_until(lambda: (tmp_path / "slow.started").exists(), 60)
         quick = pool.map(pid_after, [0.1] * 10, chunksize=1)
-        assert time.monotonic() - start < 1.5, "tasks waited behind the slow one"
-        assert slow.get(30) not in quick
+        (tmp_path / "slow.go").touch()
+        slow_pid, let_go = slow.get(90)
+        assert let_go, "tasks waited behind the slow one"
+        assert slow_pid not in quick
 
 
-def timed_sleep(seconds):
-    start = time.monotonic()
-    time.sleep(seconds)
-    return start, time.monotonic()
+def test_a_worker_with_a_backlog_never_waits_on_the_master_between_chunks(tmp_path):
+    """The next batch is asked for as the last chunk of this one starts, so that it arrives while
+    that chunk runs.  Each task here runs until the test lets it go, and the test lets it go only
+    once the master has handed the worker the task after it: two tasks in flight, the running one
+    and the next (the default prefetch).  A worker that asked only once its chunk was done would
+    hold one task at a time while the master waited for its request: the test would wait in vain."""
+    tasks = 6
 
+    def next_one_handed_over(i):
+        stats = pool.statistics()
+        return stats.tasks_done == i and stats.tasks_in_flight == 2
 
-def test_a_worker_with_a_backlog_never_waits_on_the_master_between_chunks():
-    """The next batch is asked for before the last chunk of this one runs.  The
-    master is made slow to answer: this thread holds the GIL in turns of 150 ms
-    that the pool's reading thread waits for (a worker that waited would wait
-    that long between chunks).  A chunk lasts long enough for the master to
-    answer within a few such turns (0.4 s once left a 0.2 s gap under load)."""
     with mp.Pool(1) as pool:
-        pool.map(square, range(2))
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(0.15)
-        try:
-            result = pool.map_async(timed_sleep, [0.6] * 6, chunksize=1)
-            while not result.ready():
-                sum(range(1000))  # busy: the reading thread gets the GIL only after a switch interval
-        finally:
-            sys.setswitchinterval(switch)
-        spans = result.get(30)
-    gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
-    assert max(gaps) < 0.08, [f"{gap * 1e3:.1f} ms" for gap in gaps]
+        result = pool.starmap_async(pid_when_let_go, [(str(tmp_path), f"task{i}") for i in range(tasks)],
+                                    chunksize=1)
+        for i in range(tasks):
+            assert wait_until(lambda i=i: (tmp_path / f"task{i}.started").exists(), 60)
+            if i + 1 < tasks:
+                assert wait_until(lambda i=i: next_one_handed_over(i), 60), \
+                    f"task {i + 1} was not with the worker while task {i} ran: {pool.statistics()}"
+            (tmp_path / f"task{i}.go").touch()
+        assert [let_go for _, let_go in result.get(60)] == [True] * tasks
 
 
 def test_results_reach_callers_waiting_in_several_threads_at_once():
@@ -287,15 +307,15 @@ def test_results_larger_than_a_read_are_whole():
         assert all(r == bytes([i]) * (3 << 20) for i, r in enumerate(results))
 
 
-def test_get_with_a_timeout_gives_up_then_still_gets_the_result():
+def test_get_with_a_timeout_gives_up_then_still_gets_the_result(tmp_path):
     with mp.Pool(1) as pool:
-        r = pool.apply_async(pid_after, (0.5,))
-        start = time.monotonic()
+        r = pool.apply_async(pid_when_let_go, (str(tmp_path), "task"))
         with pytest.raises(TimeoutError):
-            r.get(0.1)
-        assert time.monotonic() - start < 0.4
+            r.get(0.1)  # the task runs until let go: only the timeout can end this wait
         assert not r.ready()
-        assert isinstance(r.get(30), int) and r.ready() and r.successful()
+        (tmp_path / "task.go").touch()
+        pid, let_go = r.get(30)
+        assert isinstance(pid, int) and let_go and r.ready() and r.successful()
 
 
 def test_maxtasksperchild_replaces_workers():

@@ -10,6 +10,8 @@ import pytest
 
 import fiberrl.runtime as mp
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 
 def slow_square(x):
     time.sleep(0.001)

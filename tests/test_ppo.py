@@ -21,8 +21,9 @@ from fiberrl.config import compose
 from fiberrl.evaluate import evaluate
 from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the env servers too: they get our sys.path
-import ppo_toy_env  # noqa: E402
+# tests/, where helpers/ is, for the env servers too: they get our sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import ppo_toy_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
@@ -61,11 +62,12 @@ def test_gae_returns_by_hand_termination_versus_truncation():
     np.testing.assert_allclose(returns[2, 0], 1 + 0.9 * 10, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_env_servers_end_episodes_so_that_exact_values_give_zero_advantages():
     """With the true value function every advantage is zero, for any lambda, only if
     terminations cut the return and truncations bootstrap from the final observation."""
     gamma, steps = 0.9, 40
-    envs = RemoteEnvs(EnvSpec("ppo_toy_env:Chain-v0"), servers=2, envs_per_server=2, seed=3)
+    envs = RemoteEnvs(EnvSpec("helpers.ppo_toy_env:Chain-v0"), servers=2, envs_per_server=2, seed=3)
     try:
         obs = envs.reset()
         states, rewards, ends, finals, episodes = [], [], [], [], []
@@ -100,6 +102,7 @@ def test_env_servers_end_episodes_so_that_exact_values_give_zero_advantages():
     assert np.abs(advantages(bootstrap=False)).max() > 1.0  # a truncation taken for a termination is wrong
 
 
+@pytest.mark.slow
 def test_history_rebuilds_breakout_envs_exactly_through_lost_lives():
     spec = EnvSpec("ALE/Breakout-v5", atari=True)
     rng = np.random.default_rng(0)
@@ -126,6 +129,7 @@ def test_history_rebuilds_breakout_envs_exactly_through_lost_lives():
         rebuilt.close()
 
 
+@pytest.mark.slow
 def test_history_rebuilds_bipedal_walker_envs_exactly_after_earlier_episodes():
     """BipedalWalker's Box2D world keeps state that its reset does not clear: after two episodes in
     one env, a third drifts apart from the same episode in a fresh env from its first step.  Each
@@ -153,11 +157,12 @@ def test_history_rebuilds_bipedal_walker_envs_exactly_after_earlier_episodes():
         rebuilt.close()
 
 
+@pytest.mark.slow
 def test_an_env_that_ends_before_its_recorded_episode_starts_a_new_one(caplog):
     """An env that is not a function of its seed and actions (its episodes' length changed since they
     were played) cannot be replayed: where it ends early it starts its next episode, and the record
     follows, instead of stepping on past its end."""
-    spec = EnvSpec("ppo_toy_env:Drifting-v0")
+    spec = EnvSpec("helpers.ppo_toy_env:Drifting-v0")
     ppo_toy_env.drift_lengths(None)  # episodes of 10 steps, whatever an earlier run left
     envs = RemoteEnvs(spec, servers=1, envs_per_server=2, seed=0)
     try:
@@ -185,6 +190,7 @@ def test_an_env_that_ends_before_its_recorded_episode_starts_a_new_one(caplog):
 
 # --- whole runs -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cartpole_is_solved_with_two_env_servers(tmp_path):
     # seeds 0-3 reached an eval reward of 450 after 16k-43k steps: the budget leaves room
     summary = _train(tmp_path, "solve", ["env=cartpole", "workers=2", "algo.envs_per_worker=2", "algo.clip_coef=0.2",
@@ -201,6 +207,7 @@ def test_cartpole_is_solved_with_two_env_servers(tmp_path):
     assert np.mean(returns) >= 195
 
 
+@pytest.mark.slow
 def test_a_killed_env_server_is_replaced_and_training_finishes(tmp_path, caplog):
     killed = []
 
@@ -222,6 +229,7 @@ def test_a_killed_env_server_is_replaced_and_training_finishes(tmp_path, caplog)
     assert "is gone" in lost[0] and "restart()" not in lost[0]  # the cause, not advice the loop has taken
 
 
+@pytest.mark.slow
 def test_same_result_for_any_split_of_the_envs_over_servers(tmp_path):
     settings = ["env=cartpole", "algo.num_steps=32", "algo.total_timesteps=256", "seed=4"]
     one = _train(tmp_path, "one", ["workers=1", "algo.envs_per_worker=4", *settings])
@@ -253,6 +261,7 @@ def _crash_after_update_4_and_resume(tmp_path, settings, whole) -> list[dict]:
     return strip
 
 
+@pytest.mark.slow
 def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
     # Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
     # the gymnasium engine: EnvPool's envs cannot be rebuilt where they were (test_envpool_engine.py)
@@ -264,6 +273,7 @@ def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
     assert [m["iteration"] for m in strip] == list(range(6))
 
 
+@pytest.mark.slow
 def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exactly(tmp_path):
     settings = ["env=cartpole", "env.engine=gymnasium", "workers=2", "algo.envs_per_worker=2", "algo.num_steps=32",
                 "algo.total_timesteps=768", "algo.checkpoint_every=2", "seed=6"]
@@ -280,6 +290,7 @@ def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exact
     _crash_after_update_4_and_resume(tmp_path, overlapped, whole)
 
 
+@pytest.mark.slow
 def test_breakout_runs_a_few_updates_and_evaluates(tmp_path):
     seen = []
     summary = _train(tmp_path, "breakout", ["env=breakout", "workers=1", "algo.envs_per_worker=2",
@@ -300,6 +311,7 @@ def fiberrl_cli(module, args, cwd, timeout=240):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_runs_ppo_then_evaluates_and_plots_it(tmp_path):
     run_dir = tmp_path / "run"
     result = fiberrl_cli("fiberrl", ["algo=ppo", "env=cartpole", "workers=1", "algo.num_steps=32",
@@ -388,6 +400,7 @@ def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
     assert not load_policy({**config, "algo": {"hidden": [8]}}, policy_arrays(pendulum, None), {}).policy.deterministic
 
 
+@pytest.mark.slow
 def test_log_std_init_sets_the_gaussians_starting_std(tmp_path):
     from fiberrl.app import fingerprint
     summary = _train(tmp_path, "pendulum", ["env=pendulum", "workers=1", "algo.envs_per_worker=2", "algo.num_steps=8",
@@ -425,6 +438,7 @@ def test_std_never_rises_caps_each_updates_std_at_the_one_it_started_from():
         assert np.array_equal(log_std_after_update(True, advantage), np.minimum(free, np.float32(-0.5))), advantage
 
 
+@pytest.mark.slow
 def test_a_cpu_learner_steps_its_envs_on_one_torch_thread_and_updates_on_all(tmp_path):
     from rich.console import Console
 

@@ -12,6 +12,8 @@ import pytest
 import fiberrl.runtime as mp
 from conftest import wait_until
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 
 def sleeper(seconds):
     time.sleep(seconds)

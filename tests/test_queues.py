@@ -2,6 +2,7 @@
 import gc
 import os
 import queue
+import threading
 import time
 
 import numpy as np
@@ -9,6 +10,8 @@ import pytest
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.processes.hub import get_hub
+
+pytestmark = pytest.mark.slow  # the tests here start processes
 
 N_PER_WRITER = 200
 
@@ -55,10 +58,17 @@ def test_many_writers_many_readers_keep_order_per_writer():
 
 def test_get_timeout_and_nonblocking():
     q = mp.Queue()
-    t = time.monotonic()
-    with pytest.raises(queue.Empty):
-        q.get(timeout=0.3)
-    assert 0.25 < time.monotonic() - t < 5
+    # nothing is put until long after the get's 0.3 s: only its timeout can end it (one that ignored
+    # its timeout would take this item, rather than hang the suite)
+    rescue = threading.Timer(30, q.put, args=("put long after the timeout",))
+    rescue.start()
+    try:
+        t = time.monotonic()
+        with pytest.raises(queue.Empty):
+            q.get(timeout=0.3)
+        assert time.monotonic() - t > 0.25  # and not before it
+    finally:
+        rescue.cancel()
     with pytest.raises(queue.Empty):
         q.get_nowait()
     q.put(1)
@@ -172,8 +182,8 @@ def test_duplex_pipe_ping_pong_then_eof():
     p.join(30)
 
 
-def slow_send(conn):
-    time.sleep(0.5)
+def send_when_told(conn, told):
+    told.recv()
     conn.send_bytes(b"xxhelloxx", 2, 5)
 
 
@@ -183,12 +193,14 @@ def test_simplex_pipe_poll_timeout_and_bytes():
         r.send(1)
     with pytest.raises(OSError):
         w.recv()
-    p = mp.Process(target=slow_send, args=(w,))
+    told, tell = mp.Pipe(duplex=False)
+    p = mp.Process(target=send_when_told, args=(w, told))
     p.start()
     assert r.poll(0) is False
     t = time.monotonic()
-    assert r.poll(0.1) is False
+    assert r.poll(0.1) is False  # nothing comes before the child is told
     assert time.monotonic() - t >= 0.09
+    tell.send("now")
     assert r.poll(30) is True
     assert r.recv_bytes() == b"hello"
     p.join(30)
@@ -363,12 +375,14 @@ def test_a_push_queue_deals_equal_shares_to_a_slow_reader_and_fast_ones():
 
 
 def take_one_then(q_in, q_out, then):
-    q_out.put(q_in.get())
+    asked = time.monotonic()  # no later than the queue's owner sees this reader ask
+    q_out.put((q_in.get(), asked))
     if then == "sleep":
         time.sleep(60)
 
 
 def test_what_a_push_queue_dealt_to_a_reader_that_exits_or_stops_asking_goes_to_the_others():
+    from fiberrl.runtime.dealing_channel import IDLE_SECONDS
     from fiberrl.runtime.queues import SimpleQueuePush
     outqueue = mp.SimpleQueue()
     for then in ("exit", "sleep"):
@@ -376,17 +390,17 @@ def test_what_a_push_queue_dealt_to_a_reader_that_exits_or_stops_asking_goes_to_
         inqueue.put("first")
         reader = mp.Process(target=take_one_then, args=(inqueue, outqueue, then), daemon=True)
         reader.start()
-        assert outqueue.get() == "first"
+        item, asked = outqueue.get()
+        assert item == "first"
         if then == "exit":
             reader.join(30)
         with pytest.raises(queue.Empty):
             inqueue.get(timeout=0.1)  # this process reads too now: half of what follows is its own
         for i in range(10):
             inqueue.put(i)
-        started = time.monotonic()
         assert sorted(inqueue.get(timeout=10) for _ in range(10)) == list(range(10))
-        if then == "sleep":  # the sleeper's five were taken once it had been idle a second
-            assert time.monotonic() - started >= 0.9
+        if then == "sleep":  # the sleeper's five were taken only once it had not asked for IDLE_SECONDS
+            assert time.monotonic() - asked > IDLE_SECONDS
             reader.terminate()
             reader.join(30)
 

@@ -271,6 +271,7 @@ def marker():
     assert not os.path.exists(ATTACK_MARKER), "the attacker's pickle was loaded"
 
 
+@pytest.mark.slow
 @linux_only
 def test_a_jobs_parent_link_is_not_hijacked(marker):
     hub = get_hub()
@@ -297,6 +298,7 @@ def evil_tasks() -> bytes:
     return bytes((transport.OK,)) + b"".join(bytes(part) for part in parts)
 
 
+@pytest.mark.slow
 @linux_only
 def test_a_pool_workers_stream_is_not_hijacked(marker):
     with mp.Pool(1) as pool:
@@ -309,6 +311,7 @@ def test_a_pool_workers_stream_is_not_hijacked(marker):
         relay.close()
 
 
+@pytest.mark.slow
 def test_a_manager_stream_through_a_party_on_its_path_loads_nothing(marker, monkeypatch, caplog):
     """The manager's process is another job: its connection is taken on the way,
     a TCP relay that keeps the addresses the client sees, as a party on a network path does."""

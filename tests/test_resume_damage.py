@@ -124,6 +124,7 @@ def test_a_garbage_metrics_line_and_a_partial_last_line_are_dropped_and_reported
     assert len(lines) == 2 and "line 2" in lines[0] and "partial last line" in lines[1], lines
 
 
+@pytest.mark.slow
 def test_a_resume_removes_the_temporary_file_of_a_checkpoint_write_killed_midway(tmp_path):
     run_dir, _ = with_checkpoints(tmp_path, 2)
     # a real write of checkpoint 7, SIGKILLed between its first bytes and its rename
@@ -160,6 +161,7 @@ def es(tmp_path, name, overrides, on_iteration=None):
     return run(compose([*ES, *overrides]), tmp_path / name, on_iteration=on_iteration)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncated", "missing array"])
 def test_es_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys, how):
     whole = es(tmp_path, "whole", ["algo.iterations=4"])
@@ -173,6 +175,7 @@ def test_es_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys, how):
     assert without_timing(tmp_path / "parts") == without_timing(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_a_partial_last_metrics_line_is_dropped_and_the_run_resumes(tmp_path, capsys):
     es(tmp_path, "run", ["algo.iterations=2"])
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
@@ -183,6 +186,7 @@ def test_a_partial_last_metrics_line_is_dropped_and_the_run_resumes(tmp_path, ca
     assert iterations(tmp_path / "run") == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path):
     def killed_after_iteration_0(iteration, pool):
         raise Stop
@@ -193,6 +197,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_pat
     assert iterations(tmp_path / "run") == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["every checkpoint damaged", "other settings"])
 def test_a_failed_resume_leaves_no_noise_table(tmp_path, failure):
     es(tmp_path, "run", ["algo.iterations=2"])
@@ -215,6 +220,7 @@ def fiberrl_cli(args, cwd, timeout=120):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_every_checkpoint_damaged_stops_the_resume_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     first = fiberrl_cli([*ES, "algo.iterations=2", f"hydra.run.dir={run_dir}"], tmp_path)
@@ -234,6 +240,7 @@ def test_every_checkpoint_damaged_stops_the_resume_in_one_line(tmp_path):
 
 # --- PPO and POET -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ppo_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys):
     whole = run(compose([*PPO, "algo.total_timesteps=64"]), tmp_path / "whole")
 
@@ -251,6 +258,7 @@ def test_ppo_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys):
     assert without_timing(tmp_path / "parts") == without_timing(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_poet_resumes_from_the_newest_whole_checkpoint(tmp_path, capsys):
     run(compose([*POET, "algo.iterations=3"]), tmp_path / "whole")
     run(compose([*POET, "algo.iterations=2"]), tmp_path / "parts")

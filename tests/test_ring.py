@@ -36,6 +36,7 @@ def report_seen(rank, size):
     return dict(SEEN, func_rank=rank, func_size=size, func_pid=os.getpid())
 
 
+@pytest.mark.slow
 def test_node_knows_its_place_and_the_rendezvous_port_is_free_to_bind():
     seen = Ring(3, report_seen, record_node, initargs=("tagged",)).run()
     assert [s["rank"] for s in seen] == [s["func_rank"] for s in seen] == [0, 1, 2]
@@ -80,6 +81,7 @@ def linear_regression_sgd(rank, size, steps=40, lr=0.1):
     return params.numpy(), losses
 
 
+@pytest.mark.slow
 def test_distributed_sgd_with_gloo():
     import numpy as np
     results = Ring(3, linear_regression_sgd, ring_init).run()
@@ -122,10 +124,12 @@ def sum_ranks(rank, size):
     return t.item()
 
 
+@pytest.mark.slow
 def test_env_style_initializer():
     assert Ring(2, sum_ranks, env_style_init).run() == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_release_port_initializer():
     assert Ring(2, sum_ranks, release_port_init).run() == [3.0, 3.0]
 
@@ -144,6 +148,7 @@ def torchrun_script(rank, size):
     return {name: os.environ[name] for name in TORCHRUN_NAMES}, t.item()
 
 
+@pytest.mark.slow
 def test_members_carry_torchruns_environment():
     results = Ring(3, torchrun_script).run()
     assert [total for _, total in results] == [6.0] * 3
@@ -167,6 +172,7 @@ def test_local_backend_listen_addr_is_fibers():
     assert get_backend("local").get_listen_addr() == ("127.0.0.1", 0, "lo")
 
 
+@pytest.mark.slow
 def test_fibers_ring_example_runs_with_only_the_import_changed(script_env, tmp_path):
     """examples/fiber_ring.py: Fiber's examples/ring.py on synthetic data."""
     from conftest import ROOT
@@ -203,6 +209,7 @@ def fail_on_rank_one(rank, size):
     time.sleep(60)  # the others would wait for long: run() must stop them
 
 
+@pytest.mark.slow
 def test_member_that_raises_names_its_rank_and_stops_the_others():
     start = time.monotonic()
     with pytest.raises(RingError, match=r"rank 1 failed: .*Boom: rank one gives up") as info:
@@ -221,6 +228,7 @@ def failing_init(node, message):
     node.init_process_group(timeout=60)  # waits for rank 2, which never comes
 
 
+@pytest.mark.slow
 def test_initializer_that_raises():
     with pytest.raises(RingError, match=r"rank 2 failed: ValueError: no rendezvous for me"):
         Ring(3, sum_ranks, failing_init, initargs=("no rendezvous for me",)).run()
@@ -235,6 +243,7 @@ def die_in_collective(rank, size):
     dist.barrier()  # never completes: the last member is gone
 
 
+@pytest.mark.slow
 def test_member_that_dies_while_others_wait_in_a_collective():
     ring = Ring(3, die_in_collective, ring_init)
     start = time.monotonic()
@@ -250,6 +259,7 @@ def pid_then_sleep(rank, size, pids):
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_member_killed_from_outside_is_detected_promptly():
     pids = mp.Queue()
     ring = Ring(2, lambda rank, size: pid_then_sleep(rank, size, pids))
@@ -280,11 +290,13 @@ def unpicklable_result(rank, size):
     return threading.Lock() if rank == 1 else rank
 
 
+@pytest.mark.slow
 def test_unpicklable_result_names_the_rank():
     with pytest.raises(RingError, match=r"rank 1 failed: TypeError: rank 1's return value cannot be pickled"):
         Ring(2, unpicklable_result).run()
 
 
+@pytest.mark.slow
 def test_results_in_rank_order_and_runs_once():
     ring = Ring(4, lambda rank, size: (rank, size))
     assert ring.run() == [(0, 4), (1, 4), (2, 4), (3, 4)]
@@ -310,6 +322,7 @@ def with_resources(rank, size):
     return rank
 
 
+@pytest.mark.slow
 def test_members_carry_the_meta_resources(monkeypatch):
     from fiberrl.runtime.backends.local import LocalBackend
     specs = []
@@ -351,11 +364,13 @@ def sum_ranks_on_the_gpu(rank, size):
     return dist.get_backend(), os.environ.get("CUDA_VISIBLE_DEVICES"), t.sum().item()
 
 
+@pytest.mark.slow
 @needs_a_gpu
 def test_a_member_with_meta_gpu_is_given_a_gpu_and_reduces_over_nccl(one_gpu):
     assert Ring(1, sum_ranks_on_the_gpu, nccl_init).run() == [("nccl", "0", 4.0)]
 
 
+@pytest.mark.slow
 @needs_a_gpu
 def test_members_that_share_a_gpu_are_told_so_in_one_line_not_by_nccls_page(one_gpu):
     with pytest.raises(RingError, match=r"ranks 0 and 1 share GPU \S+ on \S+, and NCCL needs a GPU per rank: run at "
@@ -363,6 +378,7 @@ def test_members_that_share_a_gpu_are_told_so_in_one_line_not_by_nccls_page(one_
         Ring(2, sum_ranks_on_the_gpu, nccl_init).run()
 
 
+@pytest.mark.slow
 def test_importing_ring_does_not_import_torch(script_env):
     code = "import sys, fiberrl.runtime.primitives.ring; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([PYTHON, "-c", code], env=script_env, check=True, timeout=60)

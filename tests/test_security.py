@@ -77,6 +77,7 @@ def host_queue_in_child(ready, out):
     out.get(timeout=120)
 
 
+@pytest.mark.slow
 def test_rogue_client_never_gets_a_pickle_loaded(tmp_path):
     marker = tmp_path / "pwned"
     payload = bytes(wire.join(wire.dumps(Evil(marker))))  # what a real put would carry
@@ -135,6 +136,7 @@ def report_env_and_argv(out):
     out.put((os.environ.get("FIBERRL_RUN_SECRET"), cmdline))
 
 
+@pytest.mark.slow
 def test_secret_reaches_children_through_environment_only():
     from fiberrl.runtime.net import auth
     out = mp.Queue()
@@ -177,6 +179,7 @@ def rss_bytes(pid: int) -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 def test_a_peer_without_the_secret_cannot_make_the_hub_allocate(tmp_path):
     """A frame that says it is 2 GiB long is cut off at its length word: the
     listener holds 40 bytes of a peer that has not proved itself."""

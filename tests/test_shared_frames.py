@@ -202,6 +202,7 @@ def test_the_ring_offer_is_read_even_when_it_arrives_with_the_first_frame():
     listener.close()
 
 
+@pytest.mark.slow
 def test_a_close_reaches_the_peer_while_a_forked_process_still_holds_the_pipe():
     """Unlike a socket's shutdown, closing a pipe's write end says nothing while a
     fork holds a copy of it: the stream's last word does."""

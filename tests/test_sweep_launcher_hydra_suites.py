@@ -6,6 +6,8 @@ from hydra.test_utils.launcher_common_tests import (BatchedSweeperTestSuite, Int
                                                      LauncherTestSuite)
 from hydra.version import VersionBase
 
+pytestmark = pytest.mark.slow  # the tests here start processes
+
 
 @pytest.fixture(autouse=True)
 def hydras_default_version_base():

@@ -9,7 +9,7 @@ machine has, against the local backend in the same run.
   awaited, 1 s of ideal work; elapsed / ideal.
 
 The cluster backends are set up as the tests set them up (the helper
-modules in tests/: a locally built image for docker, the stand-in API
+modules in tests/helpers/: a locally built image for docker, the stand-in API
 server for kubernetes, the single-node Slurm of .ci/start-slurm).
 
     python experiments/micro/bench_backends.py [--backends local,docker,kubernetes,slurm]
@@ -41,7 +41,7 @@ def settings_for(name: str):
     if name == "local":
         return dict(backend="local")
     sys.path.insert(0, TESTS)
-    helper = importlib.import_module(f"{name}_backend")
+    helper = importlib.import_module(f"helpers.{name}_backend")
     reason = helper.available()
     if reason:
         print(f"{name}: cannot run here ({reason}), skipped")

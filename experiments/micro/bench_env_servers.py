@@ -229,7 +229,7 @@ def compare_hosts(env: str, num_envs: int, servers: int, seconds: float, rounds:
 
     import fiberrl.runtime as mp
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    import docker_backend  # the docker tests' image: this machine's libraries, this environment mounted
+    from helpers import docker_backend  # the docker tests' image: this machine's libraries, this environment mounted
 
     why = docker_backend.available()
     if why is not None:

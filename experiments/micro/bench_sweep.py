@@ -21,6 +21,7 @@ test suite's Docker image, since none can be pulled here); the peers do not star
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -186,7 +187,7 @@ def backend_overrides(backend: str) -> list[str]:
     if backend == "local":
         return ["backend=local"]
     sys.path.insert(0, str(ROOT / "tests"))
-    helper = __import__(f"{backend}_backend")
+    helper = importlib.import_module(f"helpers.{backend}_backend")
     reason = helper.available()
     if reason:
         sys.exit(f"bench_sweep: the {backend} backend cannot run here: {reason}")

@@ -1,5 +1,5 @@
 """The kubernetes backend under test, for the shared backend tests: one
-stand-in API server per test session (tests/k8s_standin/), since no
+stand-in API server per test session (tests/helpers/k8s_standin/), since no
 cluster can run here.  It runs each pod's command as a local process."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def standin():
     global _standin
     with _lock:
         if _standin is None:
-            from k8s_standin import StandIn
+            from .k8s_standin import StandIn
             _standin = StandIn().start()
             atexit.register(_standin.stop)
         return _standin

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 REPOSITORY = "fiberrl-test-runtime"
 INPUTS_LABEL = "fiberrl.test-inputs"
 RECIPE = 1  # bump when the way the image is made changes
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ELF_INTERPRETER = "/lib64/ld-linux-x86-64.so.2"
 
 _settings: dict | None = None
