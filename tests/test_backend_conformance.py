@@ -26,7 +26,8 @@ from fiberrl.runtime.pool.results import RemoteTraceback
 
 pytestmark = pytest.mark.slow  # the tests here start processes
 
-BACKENDS = ["local", *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in ("docker", "kubernetes", "slurm"))]
+BACKENDS = ["local", *(pytest.param(name, marks=getattr(pytest.mark, name))
+                       for name in ("docker", "kubernetes", "slurm"))]
 ES_METRICS = {}  # backend -> what a short ES run logged; every backend must log the same
 PPO_METRICS = {}  # the same for PPO, whose envs live on env servers (job-backed managers)
 

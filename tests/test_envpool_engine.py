@@ -156,7 +156,8 @@ def test_engine_settings_are_resolved_or_refused_in_one_line(tmp_path):
     assert env_spec(compose([*FAST, "env=cartpole", "env.engine=gymnasium"])).engine == "gymnasium"
     toy = ["env=gym", "env.id=helpers.ppo_toy_env:Chain-v0"]
     assert env_spec(compose([*FAST, *toy])).engine == "gymnasium"                    # auto: EnvPool lacks it
-    with pytest.raises(UsageError, match=r"env.engine=envpool: EnvPool has no helpers\.ppo_toy_env:Chain-v0; env.engine=gym"):
+    with pytest.raises(UsageError,
+                       match=r"env.engine=envpool: EnvPool has no helpers\.ppo_toy_env:Chain-v0; env.engine=gym"):
         run(compose([*FAST, *toy, "env.engine=envpool"]), tmp_path / "toy")
     with pytest.raises(UsageError, match="env.engine=envpool: env.kwargs=.*does not take gymnasium's kwargs"):
         run(compose([*FAST, "env=cartpole", "env.engine=envpool", "+env.kwargs.sutton_barto_reward=true"]),

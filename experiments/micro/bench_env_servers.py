@@ -2,7 +2,8 @@
 lockstep from one learner, against gymnasium's AsyncVectorEnv with the same
 N environments, in the same run.
 
-    python experiments/micro/bench_env_servers.py [--envs cartpole,breakout] [--servers 1,2,4,8] [--seconds 5] [--rounds 40]
+    python experiments/micro/bench_env_servers.py [--envs cartpole,breakout] [--servers 1,2,4,8] [--seconds 5] \
+        [--rounds 40]
 
 With --engine envpool: fiberrl's env servers (``RemoteEnvs``, PPO's) on the
 EnvPool engine against EnvPool used directly (one batch of the same envs,
@@ -23,7 +24,8 @@ image is the one the docker tests make from this machine, with this
 environment mounted), and prints the aggregate steps/s of the servers beside
 the same servers as local processes, in alternating slices:
 
-    python experiments/micro/bench_env_servers.py --engine envpool --envs breakout --num-envs 16 --servers 2 --hosts docker
+    python experiments/micro/bench_env_servers.py --engine envpool --envs breakout --num-envs 16 --servers 2 \
+        --hosts docker
 
 Both sides reset an environment inside the step that ends its episode (the
 vector env's autoreset), so each step is one round trip per environment.  Both sides are built
