@@ -44,7 +44,7 @@ with eval reward against env steps and against wall time (every seed).
     python experiments/learning/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python   # the full run
     python experiments/learning/bench_es_bipedal.py --steps 20000 --seeds 0                   # smoke test
     python experiments/learning/bench_es_bipedal.py --no-peer --set algo.sigma=0.05           # a variant of the preset
-    python experiments/learning/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python --speed-slices 3   # speed alone
+    python experiments/learning/bench_es_bipedal.py --peer-python /tmp/venv-evo/bin/python --speed-slices 3  # speed
 
 The peer runs in a subprocess of --peer-python (default: this interpreter),
 one per seed; when that interpreter cannot import evotorch, the peer is
