@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,8 +36,6 @@ from fiberrl.rl.noise import FLOAT_BYTES, NoiseTable, table_path
 from fiberrl.rl.policies import POLICIES, RunningStat, make_policy, run_episode
 from fiberrl.run import DamagedFile, require
 from fiberrl.training import TrainingLoop
-
-from .es_workers import EvalTask, EvaluatorSpec, PairTask, ParamServer, evaluate, init_worker
 from fiberrl.validation import (
     Rule,
     UsageError,
@@ -50,90 +48,69 @@ from fiberrl.validation import (
     one_of,
     optional,
     positive,
+    setting,
     shown,
 )
+
+from .es_workers import EvalTask, EvaluatorSpec, PairTask, ParamServer, evaluate, init_worker
 
 
 @dataclass
 class ESSettings:
     """One ES optimiser's settings and what its perturbations are evaluated with: ``algo=es``'s, and
     each of POET's pairs' (``algo.es.*`` there)."""
-    population: int = 256             # perturbations per iteration; each is evaluated at +eps and -eps
-    sigma: float = 0.02               # noise standard deviation
-    learning_rate: float = 0.01       # Adam step size
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    weight_decay: float = 0.005       # L2 coefficient added to the gradient
-    policy: str = "mlp"               # "mlp" (numpy) or "torch_mlp" (a torch module)
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    noise_size: int = 250_000_000     # float32 numbers in the shared noise table (1 GB)
-    obstat_prob: float = 0.1          # share of perturbations whose observations update the normaliser
-    obs_clip: float = 5.0             # normalised observations are clipped to +-obs_clip
-    optimizer: str = "adam"           # "adam" (OpenAI's ES) or "clipup" (Toklu et al. 2020; evotorch's PGPE)
-    clipup_momentum: float = 0.9      # ClipUp's heavy-ball momentum
-    max_speed: float | None = None    # ClipUp's bound on a step's length (None: 2 * learning_rate, as evotorch)
-    sigma_decay: float = 1.0          # sigma is multiplied by this after each update (estool's OpenES: 0.999)...
-    sigma_min: float = 0.0            # ...down to this (estool: 0.02)
-    episodes_per_eval: int = 1        # episodes each side of a perturbation is scored over (their mean)
-    reward_clip: float | None = None  # a perturbation's score clips each step's reward to +-this (None: as is);
-    #                                   eval_reward never does (ARS's BipedalWalker: a fall's -100 costs -1)
+    population: int = setting(256, at_least(1))  # perturbations per iteration; each is evaluated at +eps and -eps
+    sigma: float = setting(0.02, positive())  # noise standard deviation
+    learning_rate: float = setting(0.01, positive())  # Adam step size
+    adam_beta1: float = setting(0.9, between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"))
+    adam_beta2: float = setting(0.999, between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"))
+    weight_decay: float = setting(0.005, non_negative())  # L2 coefficient added to the gradient
+    policy: str = setting("mlp", one_of(*POLICIES))  # "mlp" (numpy) or "torch_mlp" (a torch module)
+    hidden: list[int] = setting(rule=layer_sizes(), factory=lambda: [64, 64])
+    noise_size: int = setting(250_000_000, at_least(1))  # float32 numbers in the shared noise table (1 GB)
+    obstat_prob: float = setting(0.1, between(0, 1))  # share of perturbations whose observations update the normaliser
+    obs_clip: float = setting(5.0, positive())  # normalised observations are clipped to +-obs_clip
+    # "adam" (OpenAI's ES) or "clipup" (Toklu et al. 2020; evotorch's PGPE)
+    optimizer: str = setting("adam", one_of("adam", "clipup"))
+    # ClipUp's heavy-ball momentum
+    clipup_momentum: float = setting(0.9, between(0, 1, include_high=False).because("a momentum of 1 never forgets"))
+    # ClipUp's bound on a step's length (None: 2 * learning_rate, as evotorch)
+    max_speed: float | None = setting(None, optional(positive(), "2 * learning_rate"))
+    # sigma is multiplied by this after each update (estool's OpenES: 0.999)...
+    sigma_decay: float = setting(1.0, Rule(lambda decay: 0 < decay <= 1,
+                                           "must be a number in (0, 1] (sigma only shrinks; 1: a fixed sigma)"))
+    sigma_min: float = setting(0.0, non_negative())  # ...down to this (estool: 0.02)
+    episodes_per_eval: int = setting(1, at_least(1))  # episodes each side of a perturbation is scored over (their mean)
+    # a perturbation's score clips each step's reward to +-this (None: as is); eval_reward never does
+    # (ARS's BipedalWalker: a fall's -100 costs -1)
+    reward_clip: float | None = setting(None, optional(positive(), "rewards as the env gives them"))
 
 
 @dataclass
 class Config(ESSettings):
     """The hyperparameters of ES (``ESSettings`` and the loop's); also the Hydra schema of ``algo=es``."""
-    name: str = "es"
-    iterations: int = 200             # ES updates to run (a resumed run continues up to this)
-    total_timesteps: int | None = None  # or stop after the update whose training episodes reach these env steps
-    episode_steps: int | None = None  # cap on an episode's steps (None: the env's own limit)...
-    episode_steps_growth: float = 1.0  # ...or, above 1, the training episodes' starting cap (OpenAI's adaptive
-    episode_steps_grow_at: float = 0.5  # cutoff): x growth whenever this share of them reach it
-    eval_episodes: int = 5            # episodes of the unperturbed policy per iteration, for eval_reward
-    checkpoint_every: int = 10        # iterations between checkpoints
-    stop_reward: float | None = None  # stop once eval_reward reaches this
-    chunksize: int | None = None      # perturbations per pool task (None: the pool's default)
-
-
-# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
-SETTINGS_RULES = {
-    "population": at_least(1),
-    "sigma": positive(),
-    "learning_rate": positive(),
-    "adam_beta1": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
-    "adam_beta2": between(0, 1, include_high=False).because("Adam divides by 1 - beta**t"),
-    "weight_decay": non_negative(),
-    "policy": one_of(*POLICIES),
-    "hidden": layer_sizes(),
-    "noise_size": at_least(1),
-    "obstat_prob": between(0, 1),
-    "obs_clip": positive(),
-    "optimizer": one_of("adam", "clipup"),
-    "clipup_momentum": between(0, 1, include_high=False).because("a momentum of 1 never forgets"),
-    "max_speed": optional(positive(), "2 * learning_rate"),
-    "sigma_decay": Rule(lambda decay: 0 < decay <= 1, "must be a number in (0, 1] (sigma only shrinks; 1: a fixed "
-                                                       "sigma)"),
-    "sigma_min": non_negative(),
-    "episodes_per_eval": at_least(1),
-    "reward_clip": optional(positive(), "rewards as the env gives them"),
-}
-RULES = {
-    **SETTINGS_RULES,
-    "name": one_of("es").because("algo=<name> chooses the algorithm"),
-    "iterations": at_least(1),
-    "total_timesteps": optional(at_least(1), "no budget of env steps"),
-    "episode_steps": optional(at_least(1), "the env's own limit"),
-    "episode_steps_growth": Rule(lambda growth: growth >= 1, "must be a number >= 1 (1: a fixed cap)"),
-    "episode_steps_grow_at": Rule(lambda share: 0 < share <= 1, "must be a number in (0, 1]"),
-    "eval_episodes": at_least(0).because("0: no eval_reward"),
-    "checkpoint_every": at_least(1),
-    "stop_reward": optional(finite(), "no early stop"),
-    "chunksize": optional(at_least(1), "the pool's default"),
-}
+    name: str = setting("es", one_of("es").because("algo=<name> chooses the algorithm"))
+    iterations: int = setting(200, at_least(1))  # ES updates to run (a resumed run continues up to this)
+    # or stop after the update whose training episodes reach these env steps
+    total_timesteps: int | None = setting(None, optional(at_least(1), "no budget of env steps"))
+    # cap on an episode's steps (None: the env's own limit)...
+    episode_steps: int | None = setting(None, optional(at_least(1), "the env's own limit"))
+    # ...or, above 1, the training episodes' starting cap (OpenAI's adaptive cutoff): x growth whenever
+    # episode_steps_grow_at of them reach it
+    episode_steps_growth: float = setting(1.0, Rule(lambda growth: growth >= 1,
+                                                    "must be a number >= 1 (1: a fixed cap)"))
+    episode_steps_grow_at: float = setting(0.5, Rule(lambda share: 0 < share <= 1, "must be a number in (0, 1]"))
+    # episodes of the unperturbed policy per iteration, for eval_reward
+    eval_episodes: int = setting(5, at_least(0).because("0: no eval_reward"))
+    checkpoint_every: int = setting(10, at_least(1))  # iterations between checkpoints
+    stop_reward: float | None = setting(None, optional(finite(), "no early stop"))  # stop once eval_reward reaches this
+    # perturbations per pool task (None: the pool's default)
+    chunksize: int | None = setting(None, optional(at_least(1), "the pool's default"))
 
 
 def check_settings(cfg) -> None:
-    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
-    check_fields(cfg.algo, RULES, "algo.")
+    """algo.* as their fields' rules say, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, Config, "algo.")
     algo = cfg.algo
     if algo.stop_reward is not None and algo.eval_episodes == 0:
         raise UsageError(f"algo.stop_reward={algo.stop_reward} is compared with the eval reward, which "
@@ -476,6 +453,6 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 
 
 ALGORITHM = Algorithm(
-    name="es", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
+    name="es", config=Config, check_settings=check_settings, train=train, load_policy=load_policy,
     worker_modules=("algos.es_workers",),
     resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}))

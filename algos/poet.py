@@ -26,96 +26,77 @@ same run with any number of workers and after a resume.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
 
-from algos import es_workers
 import fiberrl.runtime as mp
-from algos.es import ES, ESSettings, check_noise_room, check_noise_size, check_state
-from algos.es import RULES as ES_RULES
-from algos.es import SETTINGS_RULES as ES_SETTINGS_RULES
-from algos.es_workers import EvalResult, EvalTask, EvaluatorSpec, PairResult, PairTask, ParamServer
+from algos.es import ES, ESSettings, check_noise_room, check_noise_size
+from algos.es_workers import EvalResult, EvalTask, EvaluatorSpec, PairTask, ParamServer
+from algos.poet_population import ArchivedTerrain, Pair, check_checkpoint, pack, unpack
+from algos.poet_workers import TerrainTask, evaluate, init_worker
 from fiberrl.algorithm import Algorithm
 from fiberrl.rl.noise import NoiseTable
 from fiberrl.rl.policies import make_policy
 from fiberrl.rl.walker_terrain import ENV_ID, TerrainEncoding, make_terrain_env
-from fiberrl.run import DamagedFile, require
 from fiberrl.training import TrainingLoop
-from fiberrl.validation import ANY, UsageError, at_least, check_fields, finite, non_negative, one_of, optional, positive
+from fiberrl.validation import (
+    ANY,
+    UsageError,
+    at_least,
+    check_fields,
+    finite,
+    non_negative,
+    one_of,
+    optional,
+    positive,
+    setting,
+)
+
+# an encoding field's upper bound is also its unit in novelty distances, so it cannot be 0
+ENCODING_BOUND = positive().because("the encoding's bound and its unit of novelty")
 
 
 @dataclass
 class Config:
     """The hyperparameters of POET; also the Hydra schema of ``algo=poet``."""
-    name: str = "poet"
-    iterations: int = 2000             # POET iterations (one ES step per active pair each)
+    name: str = setting("poet", one_of("poet").because("algo=<name> chooses the algorithm"))
+    iterations: int = setting(2000, at_least(1))  # POET iterations (one ES step per active pair each)
     # each pair's ES optimiser, as algo=es's (algo.es.sigma=...), with the paper's values: no observation
-    # normalisation, a 100 MB noise table
-    es: ESSettings = field(default_factory=lambda: ESSettings(
+    # normalisation, a 100 MB noise table; checked field by field against ESSettings' rules (check_settings)
+    es: ESSettings = setting(rule=ANY, factory=lambda: ESSettings(
         sigma=0.1, weight_decay=0.01, obstat_prob=0.0, obs_clip=10.0, hidden=[40, 40], noise_size=25_000_000))
-    episode_steps: int | None = None   # cap on an episode's steps (None: the terrain env's 2000)
-    eval_episodes: int = 1             # episodes that score an agent on a terrain
+    # cap on an episode's steps (None: the terrain env's 2000)
+    episode_steps: int | None = setting(None, optional(at_least(1), "the terrain env's own limit"))
+    # episodes that score an agent on a terrain
+    eval_episodes: int = setting(1, at_least(1).because("an agent's score on a terrain is their mean"))
     # the open-ended loop
-    reproduce_every: int = 150         # iterations between reproductions
-    reproduce_threshold: float = 200.0  # a pair may reproduce once its agent scores this on its terrain
-    children: int = 16                 # mutated terrains proposed per reproduction
-    mc_low: float = 50.0               # minimal criterion: the parent's score on a child must be in [low, high]
-    mc_high: float = 300.0
-    max_admitted: int = 2              # children admitted per reproduction at most
-    max_active: int = 20               # active pairs at most; the oldest leave first
-    novelty_k: int = 5                 # nearest archived terrains a novelty is the mean distance to
-    transfer_every: int = 25           # iterations between transfer attempts
-    proposal_transfer: bool = True     # also try each agent after one ES step on the target terrain
-    solved_threshold: float = 230.0    # a terrain is solved once an agent scores this on it
+    reproduce_every: int = setting(150, at_least(1))  # iterations between reproductions
+    # a pair may reproduce once its agent scores this on its terrain
+    reproduce_threshold: float = setting(200.0, finite())
+    children: int = setting(16, at_least(1))  # mutated terrains proposed per reproduction
+    mc_low: float = setting(50.0, finite())  # minimal criterion: the parent's score on a child must be in [low, high]
+    mc_high: float = setting(300.0, finite())
+    max_admitted: int = setting(2, at_least(1))  # children admitted per reproduction at most
+    max_active: int = setting(20, at_least(1))  # active pairs at most; the oldest leave first
+    novelty_k: int = setting(5, at_least(1))  # nearest archived terrains a novelty is the mean distance to
+    transfer_every: int = setting(25, at_least(1))  # iterations between transfer attempts
+    proposal_transfer: bool = setting(True, ANY)  # also try each agent after one ES step on the target terrain
+    solved_threshold: float = setting(230.0, finite())  # a terrain is solved once an agent scores this on it
     # mutation steps and upper bounds of the terrain encoding
-    roughness_step: float = 0.6
-    roughness_max: float = 10.0
-    pit_gap_step: float = 0.4
-    pit_gap_max: float = 10.0
-    stump_height_step: float = 0.2
-    stump_height_max: float = 5.0
-    stair_height_step: float = 0.2
-    stair_height_max: float = 5.0
-    stair_steps_max: int = 10
-    checkpoint_every: int = 10
-    chunksize: int | None = None       # tasks per pool message (None: the pool's default)
-
-
-# an encoding field's upper bound is also its unit in novelty distances, so it cannot be 0
-ENCODING_BOUND = positive().because("the encoding's bound and its unit of novelty")
-
-# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
-RULES = {
-    "iterations": ES_RULES["iterations"],
-    "es": ANY,  # checked field by field against ES's own rules (check_settings)
-    "name": one_of("poet").because("algo=<name> chooses the algorithm"),
-    "episode_steps": optional(at_least(1), "the terrain env's own limit"),
-    "eval_episodes": at_least(1).because("an agent's score on a terrain is their mean"),
-    "reproduce_every": at_least(1),
-    "reproduce_threshold": finite(),
-    "children": at_least(1),
-    "mc_low": finite(),
-    "mc_high": finite(),
-    "max_admitted": at_least(1),
-    "max_active": at_least(1),
-    "novelty_k": at_least(1),
-    "transfer_every": at_least(1),
-    "proposal_transfer": ANY,
-    "solved_threshold": finite(),
-    "roughness_step": non_negative(),
-    "roughness_max": ENCODING_BOUND,
-    "pit_gap_step": non_negative(),
-    "pit_gap_max": ENCODING_BOUND,
-    "stump_height_step": non_negative(),
-    "stump_height_max": ENCODING_BOUND,
-    "stair_height_step": non_negative(),
-    "stair_height_max": ENCODING_BOUND,
-    "stair_steps_max": at_least(1).because("the encoding's bound and its unit of novelty"),
-    "checkpoint_every": at_least(1),
-    "chunksize": optional(at_least(1), "the pool's default"),
-}
+    roughness_step: float = setting(0.6, non_negative())
+    roughness_max: float = setting(10.0, ENCODING_BOUND)
+    pit_gap_step: float = setting(0.4, non_negative())
+    pit_gap_max: float = setting(10.0, ENCODING_BOUND)
+    stump_height_step: float = setting(0.2, non_negative())
+    stump_height_max: float = setting(5.0, ENCODING_BOUND)
+    stair_height_step: float = setting(0.2, non_negative())
+    stair_height_max: float = setting(5.0, ENCODING_BOUND)
+    stair_steps_max: int = setting(10, at_least(1).because("the encoding's bound and its unit of novelty"))
+    checkpoint_every: int = setting(10, at_least(1))
+    # tasks per pool message (None: the pool's default)
+    chunksize: int | None = setting(None, optional(at_least(1), "the pool's default"))
 
 
 # --- terrains: mutation, minimal criterion, novelty (no workers) -----------------
@@ -192,39 +173,7 @@ def difficulty(encoding: TerrainEncoding, scale: np.ndarray) -> float:
     return float(np.sum(encoding.vector() / scale))
 
 
-# --- pairs ---------------------------------------------------------------------
-
-@dataclass
-class Pair:
-    id: int
-    encoding: TerrainEncoding
-    es: ES
-    created: int                       # the iteration it was admitted in
-    parent: int | None
-    score: float = float("-inf")       # its agent on its terrain, at the last evaluation
-
-
-@dataclass
-class ArchivedTerrain:
-    id: int
-    encoding: TerrainEncoding
-    created: int
-    solved_at: int | None = None       # the iteration some agent first solved it
-
-
-# --- the workers' side ---------------------------------------------------------
-
-class TerrainTask(NamedTuple):
-    """An ES task (``PairTask`` or ``EvalTask``) for the agent published under ``agent``, on ``terrain``."""
-    agent: object
-    terrain: dict              # a TerrainEncoding's fields
-    task: PairTask | EvalTask
-
-
-class TerrainResult(NamedTuple):
-    result: PairResult | EvalResult
-    seconds: float             # the worker's time on the task, for the busy share in reports
-
+# --- the master's side ------------------------------------------------------------
 
 class AgentOnTerrain(NamedTuple):
     """What the master evaluates or steps: an agent (its key among the published ones, its optimiser) on a terrain."""
@@ -232,41 +181,6 @@ class AgentOnTerrain(NamedTuple):
     es: ES
     terrain: TerrainEncoding
 
-
-class Evaluator(es_workers.Evaluator):
-    """One per worker: ES's evaluator on the terrain each task names, with the agents published together."""
-
-    def __init__(self, spec: EvaluatorSpec, store):
-        self.agents = {}
-        super().__init__(spec, store)
-
-    def _make_env(self, terrain: dict | None = None):
-        return make_terrain_env(terrain, self.spec.env_steps)  # fresh per task: a Box2D world keeps state
-
-    def __call__(self, task: TerrainTask) -> TerrainResult:
-        began = time.perf_counter()
-        if task.task.version != self.version:
-            self.agents, self.version = self.store.fetch(task.task.version), task.task.version
-        env = self._make_env(task.terrain)
-        try:
-            return TerrainResult(self.run(task.task, env, *self.agents[task.agent]), time.perf_counter() - began)
-        finally:
-            env.close()
-
-
-_evaluator: Evaluator | None = None
-
-
-def init_worker(spec: EvaluatorSpec, store) -> None:
-    global _evaluator
-    _evaluator = Evaluator(spec, store)
-
-
-def evaluate(task: TerrainTask) -> TerrainResult:
-    return _evaluator(task)
-
-
-# --- the master's side ------------------------------------------------------------
 
 class Master:
     """Publishes agents, runs batches of tasks through the pool, keeps the books."""
@@ -394,77 +308,12 @@ def transfer(pairs, master, cfg, noise) -> int:
     return replaced
 
 
-# --- checkpoints ---------------------------------------------------------------------
-
-def pack(pairs, archive, master, extra: dict) -> tuple[dict, dict]:
-    arrays, meta = {}, []
-    for p in pairs:
-        es_arrays, es_values = p.es.state()
-        arrays.update({f"pair{p.id}.{k}": v for k, v in es_arrays.items()})
-        meta.append(dict(id=p.id, encoding=p.encoding.to_dict(), created=p.created, parent=p.parent,
-                         score=p.score, es=es_values))
-    values = dict(extra, pairs=meta, rng=master.rng.bit_generator.state, version=master.version,
-                  timesteps=master.timesteps, busy_s=master.busy_s, pool_s=master.pool_s,
-                  archive=[dict(id=t.id, encoding=t.encoding.to_dict(), created=t.created, solved_at=t.solved_at)
-                           for t in archive])
-    return arrays, values
-
-
-def pair_arrays(arrays: dict, pair_id: int) -> dict:
-    """The arrays of one pair's optimiser, as ``ES.state()`` named them."""
-    return {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"pair{pair_id}.")}
-
-
-def unpack(arrays, values, master, cfg, noise, obs_shape) -> tuple[list, list]:
-    pairs = []
-    for meta in values["pairs"]:
-        es = ES(arrays[f"pair{meta['id']}.theta"], cfg.es, noise, seed=0, obs_shape=obs_shape)
-        es.restore(pair_arrays(arrays, meta["id"]), meta["es"])
-        pairs.append(Pair(meta["id"], TerrainEncoding.from_dict(meta["encoding"]), es, meta["created"],
-                          meta["parent"], meta["score"]))
-    archive = [ArchivedTerrain(t["id"], TerrainEncoding.from_dict(t["encoding"]), t["created"], t["solved_at"])
-               for t in values["archive"]]
-    master.rng.bit_generator.state = values["rng"]
-    master.version, master.timesteps = values["version"], values["timesteps"]
-    master.busy_s, master.pool_s = values["busy_s"], values["pool_s"]
-    return pairs, archive
-
-
-PAIR_KEYS = ("id", "encoding", "created", "parent", "score", "es")
-ARCHIVE_KEYS = ("id", "encoding", "created", "solved_at")
-
-
-def check_checkpoint(arrays: dict, values: dict, size: int, obs_shape, optimizer: str = "adam") -> None:
-    """Raise DamagedFile unless a checkpoint holds all that ``unpack`` and ``train`` read from it,
-    for agents of ``size`` parameters."""
-    require(arrays, values, value_names=("pairs", "archive", "rng", "version", "timesteps", "busy_s", "pool_s",
-                                         "next_id", "time_s"))
-    for meta in values["pairs"]:
-        missing = [k for k in PAIR_KEYS if k not in meta]
-        if missing:
-            raise DamagedFile(f"a pair without {', '.join(missing)} in it")
-        try:
-            check_state(pair_arrays(arrays, meta["id"]), meta["es"], size, obs_shape, optimizer)
-        except DamagedFile as exc:
-            raise DamagedFile(f"pair {meta['id']}: {exc}") from None
-        TerrainEncoding.from_dict(meta["encoding"])
-    for terrain in values["archive"]:
-        missing = [k for k in ARCHIVE_KEYS if k not in terrain]
-        if missing:
-            raise DamagedFile(f"an archived terrain without {', '.join(missing)} in it")
-        TerrainEncoding.from_dict(terrain["encoding"])
-    archived = {t["id"] for t in values["archive"]}
-    homeless = [meta["id"] for meta in values["pairs"] if meta["id"] not in archived]
-    if homeless:  # every pair's terrain is in the archive, where solving it is recorded
-        raise DamagedFile(f"pairs {homeless} have no terrain in its archive")
-
-
 # --- the training loop -----------------------------------------------------------------
 
 def check_settings(cfg) -> None:
-    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
-    check_fields(cfg.algo, RULES, "algo.")
-    check_fields(cfg.algo.es, ES_SETTINGS_RULES, "algo.es.")
+    """algo.* as their fields' rules say, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, Config, "algo.")
+    check_fields(cfg.algo.es, ESSettings, "algo.es.")
     algo = cfg.algo
     if cfg.env.id.split(":")[-1] != ENV_ID:
         raise UsageError(f"algo=poet evolves Bipedal Walker terrains: use env=terrain_walker, not env={cfg.env.name}")
@@ -575,7 +424,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
 
 
 ALGORITHM = Algorithm(
-    name="poet", config=Config, rules=RULES, check_settings=check_settings, train=train,
+    name="poet", config=Config, check_settings=check_settings, train=train,
     load_policy=None,  # its checkpoints hold a population of agents, each for its own terrain
-    worker_modules=(__name__,),
+    worker_modules=("algos.poet_workers",),
     resume_may_change=frozenset({"iterations", "checkpoint_every", "stop_reward", "chunksize"}))

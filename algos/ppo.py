@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -60,6 +60,7 @@ from fiberrl.validation import (
     one_of,
     optional,
     positive,
+    setting,
 )
 
 from .on_policy import checkpoint
@@ -70,83 +71,56 @@ from .on_policy.rollouts import Cursor, Rollouts
 
 log = logging.getLogger("fiberrl")
 
+
 @dataclass
 class Config:
     """The hyperparameters of PPO; also the Hydra schema of ``algo=ppo``.  The
     defaults are CleanRL's ``ppo_atari.py`` (8 envs with the app's ``workers=2``);
     ``+experiment=ppo_bipedal_walker`` has its continuous-control settings."""
-    name: str = "ppo"
-    total_timesteps: int = 10_000_000  # env steps over all envs; sets the number of updates and the lr schedule
-    learning_rate: float = 2.5e-4      # Adam step size (at the start, when annealed)
-    num_steps: int = 128               # steps per env per rollout; a batch is workers * envs_per_worker * num_steps
-    envs_per_worker: int = 4           # envs each env server steps
-    anneal_lr: bool = True             # decay the learning rate linearly to 0 over the run
-    gamma: float = 0.99                # discount
-    gae_lambda: float = 0.95           # GAE's lambda
-    num_minibatches: int = 4           # minibatches per epoch; must divide the batch
-    update_epochs: int = 4             # passes over each rollout
-    norm_adv: bool = True              # normalise advantages per minibatch
-    clip_coef: float = 0.1             # surrogate clipping (and value clipping) range
-    clip_vloss: bool = True            # clip the value loss as the PPO paper's code does
-    ent_coef: float = 0.01             # entropy bonus
-    vf_coef: float = 0.5               # value loss weight
-    max_grad_norm: float = 0.5         # gradient norm clipping
-    target_kl: float | None = None     # stop an update's epochs once the approximate KL passes this
-    norm_obs: bool = False             # running mean/std normalisation of observations (continuous control)
-    norm_reward: bool = False          # scale rewards by the std of the discounted return (continuous control)
-    obs_clip: float = 10.0             # normalised observations are clipped to +-obs_clip
-    reward_clip: float = 10.0          # normalised rewards are clipped to +-reward_clip
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # MLP sizes for vector observations
-    log_std_init: float = 0.0          # the Gaussian policy's log std at the start (Box actions), as SB3's
-    std_never_rises: bool = False      # each update may lower the Gaussian's std but not raise it (Box actions):
-                                       # late in a run a rising std can walk the mean action off what it found
-    device: str = "auto"               # the learner's: "auto" (cuda when there is one), "cpu", "cuda"
-    checkpoint_every: int = 50         # updates between checkpoints (and one at the end)
-    eval_every: int = 100              # updates between evaluations of the policy (0: none)
-    eval_episodes: int = 5             # episodes per evaluation, on the learner; their mean is eval_reward
-    eval_deterministic: bool = False   # evaluate the mean action (argmax if discrete), as SB3's zoo scores; else sample
-    stop_reward: float | None = None   # stop once eval_reward reaches this
-    env_timeout: float = 60.0          # seconds an env server may take to step before it is replaced
-    async_rollouts: bool = False       # step the next rollout with the policy before each update while the
-                                       # update trains (Sample Factory's, IMPALA's): each update learns from
-                                       # data one policy old, its ratio taken to the policy that acted
-
-
-# what each field may hold beyond its type (fiberrl.validation); check_settings adds what they need together
-RULES = {
-    "name": one_of("ppo").because("algo=<name> chooses the algorithm"),
-    "total_timesteps": at_least(1),
-    "learning_rate": positive(),
-    "num_steps": at_least(1).because("steps per env per rollout"),
-    "envs_per_worker": Rule(lambda envs: envs >= 1, "each env server needs at least one env"),
-    "anneal_lr": ANY,
-    "gamma": between(0, 1),
-    "gae_lambda": between(0, 1),
-    "num_minibatches": at_least(1),
-    "update_epochs": at_least(1),
-    "norm_adv": ANY,
-    "clip_coef": positive(),
-    "clip_vloss": ANY,
-    "ent_coef": non_negative(),
-    "vf_coef": positive().because("GAE needs a trained critic"),
-    "max_grad_norm": positive(),
-    "target_kl": optional(positive(), "all update_epochs"),
-    "norm_obs": ANY,
-    "norm_reward": ANY,
-    "obs_clip": positive(),
-    "reward_clip": positive(),
-    "hidden": layer_sizes(),
-    "log_std_init": finite(),
-    "std_never_rises": ANY,
-    "device": one_of("auto", "cpu", "cuda"),
-    "checkpoint_every": at_least(1),
-    "eval_every": at_least(0).because("0: no evaluation"),
-    "eval_episodes": at_least(0).because("0: no evaluation"),
-    "eval_deterministic": ANY,
-    "stop_reward": optional(finite(), "no early stop"),
-    "env_timeout": positive(),
-    "async_rollouts": ANY,
-}
+    name: str = setting("ppo", one_of("ppo").because("algo=<name> chooses the algorithm"))
+    # env steps over all envs; sets the number of updates and the lr schedule
+    total_timesteps: int = setting(10_000_000, at_least(1))
+    learning_rate: float = setting(2.5e-4, positive())  # Adam step size (at the start, when annealed)
+    # steps per env per rollout; a batch is workers * envs_per_worker * num_steps
+    num_steps: int = setting(128, at_least(1).because("steps per env per rollout"))
+    # envs each env server steps
+    envs_per_worker: int = setting(4, Rule(lambda envs: envs >= 1, "each env server needs at least one env"))
+    anneal_lr: bool = setting(True, ANY)  # decay the learning rate linearly to 0 over the run
+    gamma: float = setting(0.99, between(0, 1))  # discount
+    gae_lambda: float = setting(0.95, between(0, 1))  # GAE's lambda
+    num_minibatches: int = setting(4, at_least(1))  # minibatches per epoch; must divide the batch
+    update_epochs: int = setting(4, at_least(1))  # passes over each rollout
+    norm_adv: bool = setting(True, ANY)  # normalise advantages per minibatch
+    clip_coef: float = setting(0.1, positive())  # surrogate clipping (and value clipping) range
+    clip_vloss: bool = setting(True, ANY)  # clip the value loss as the PPO paper's code does
+    ent_coef: float = setting(0.01, non_negative())  # entropy bonus
+    vf_coef: float = setting(0.5, positive().because("GAE needs a trained critic"))  # value loss weight
+    max_grad_norm: float = setting(0.5, positive())  # gradient norm clipping
+    # stop an update's epochs once the approximate KL passes this
+    target_kl: float | None = setting(None, optional(positive(), "all update_epochs"))
+    norm_obs: bool = setting(False, ANY)  # running mean/std normalisation of observations (continuous control)
+    norm_reward: bool = setting(False, ANY)  # scale rewards by the std of the discounted return (continuous control)
+    obs_clip: float = setting(10.0, positive())  # normalised observations are clipped to +-obs_clip
+    reward_clip: float = setting(10.0, positive())  # normalised rewards are clipped to +-reward_clip
+    hidden: list[int] = setting(rule=layer_sizes(), factory=lambda: [64, 64])  # MLP sizes for vector observations
+    log_std_init: float = setting(0.0, finite())  # the Gaussian policy's log std at the start (Box actions), as SB3's
+    # each update may lower the Gaussian's std but not raise it (Box actions): late in a run a rising std can
+    # walk the mean action off what it found
+    std_never_rises: bool = setting(False, ANY)
+    # the learner's: "auto" (cuda when there is one), "cpu", "cuda"
+    device: str = setting("auto", one_of("auto", "cpu", "cuda"))
+    checkpoint_every: int = setting(50, at_least(1))  # updates between checkpoints (and one at the end)
+    # updates between evaluations of the policy (0: none)
+    eval_every: int = setting(100, at_least(0).because("0: no evaluation"))
+    # episodes per evaluation, on the learner; their mean is eval_reward
+    eval_episodes: int = setting(5, at_least(0).because("0: no evaluation"))
+    # evaluate the mean action (argmax if discrete), as SB3's zoo scores; else sample
+    eval_deterministic: bool = setting(False, ANY)
+    stop_reward: float | None = setting(None, optional(finite(), "no early stop"))  # stop once eval_reward reaches this
+    env_timeout: float = setting(60.0, positive())  # seconds an env server may take to step before it is replaced
+    # step the next rollout with the policy before each update while the update trains (Sample Factory's,
+    # IMPALA's): each update learns from data one policy old, its ratio taken to the policy that acted
+    async_rollouts: bool = setting(False, ANY)
 
 
 # --- the networks ------------------------------------------------------------
@@ -321,8 +295,8 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
 # --- training ---------------------------------------------------------------------
 
 def check_settings(cfg) -> None:
-    """algo.* as RULES says, then what the settings need together and of the env; raises UsageError."""
-    check_fields(cfg.algo, RULES, "algo.")
+    """algo.* as their fields' rules say, then what the settings need together and of the env; raises UsageError."""
+    check_fields(cfg.algo, Config, "algo.")
     algo = cfg.algo
     if algo.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("algo.device=cuda: no CUDA device is available here (algo.device=auto uses one when there is)")
@@ -451,7 +425,7 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 
 
 ALGORITHM = Algorithm(
-    name="ppo", config=Config, rules=RULES, check_settings=check_settings, train=train, load_policy=load_policy,
+    name="ppo", config=Config, check_settings=check_settings, train=train, load_policy=load_policy,
     worker_modules=("fiberrl.rl.env_servers",),  # what the env servers run (not torch: only the learner needs it)
     resume_may_change=frozenset({"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic",
                                  "stop_reward", "env_timeout"}),

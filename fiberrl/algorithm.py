@@ -42,8 +42,7 @@ class LoadedPolicy:
 class Algorithm:
     name: str                                   # algo=<name>
     config: type                                # the dataclass of algo.*: defaults, and the Hydra schema
-    rules: dict                                 # what each algo.* field may hold (fiberrl.validation)
-    check_settings: Callable[[Any], None]       # (cfg) -> None, raising UsageError: the rules, then what
+    check_settings: Callable[[Any], None]       # (cfg) -> None, raising UsageError: the fields' rules, then what
                                                 # the fields need together and of the env
     train: Callable[..., dict]                  # (cfg, run directory, on_iteration=None) -> summary
     # (run config dict, arrays, values of a checkpoint or best_policy.npz) -> LoadedPolicy;

@@ -11,8 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .algorithm import algorithm
-
-from .config import APP_RULES, BACKEND_RULES, ENV_RULES, EnvConfig
+from .config import AppConfig, BackendConfig, EnvConfig
 from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
 from .sweepable import sweepable
@@ -75,12 +74,12 @@ def check_workers(cfg) -> None:
 
 
 def validate(cfg) -> None:
-    """Every setting against the rule its config's table gives it (``fiberrl.validation``),
+    """Every setting against the rule its config's field gives it (``fiberrl.validation``),
     then what the algorithm needs of them together: the first bad one is raised as a
     UsageError before anything is started or written."""
-    check_fields(cfg, APP_RULES)
-    check_fields(cfg.env, ENV_RULES, "env.")
-    check_fields(cfg.backend, BACKEND_RULES, "backend.")
+    check_fields(cfg, AppConfig)
+    check_fields(cfg.env, EnvConfig, "env.")
+    check_fields(cfg.backend, BackendConfig, "backend.")
     check_env_id(cfg.env.id)
     # the record of the module whose Config typed cfg.algo: algo.name is a setting too, and may be anything
     record = sys.modules[OmegaConf.get_type(cfg.algo).__module__].ALGORITHM

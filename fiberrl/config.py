@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from .algorithm import ALGORITHMS, algorithm
-from .validation import ANY, Rule, at_least, non_empty, one_of, optional
+from .validation import ANY, Rule, at_least, non_empty, one_of, optional, setting
 
 # the repository's configs/ in a checkout or an editable install; a wheel ships it as fiberrl/configs
 _CHECKOUT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -20,32 +20,24 @@ CONFIG_DIR = str(_CHECKOUT_CONFIGS if (_CHECKOUT_CONFIGS / "config.yaml").is_fil
                  else Path(__file__).resolve().parent / "configs")
 
 
+# each field's rule (fiberrl.validation) says what it may hold beyond its type, checked before a run starts
 @dataclass
 class EnvConfig:
-    name: str = MISSING                 # the short name runs are filed under
-    id: str = MISSING                   # a gymnasium id ("module:Id" imports the module first)
-    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
-    max_episode_steps: int | None = None  # None: the id's registered limit (Atari: emulator frames)
-    atari: bool = False                 # the standard Atari preprocessing (fiberrl/rl/atari.py); PPO only
+    name: str = setting(MISSING, non_empty())  # the short name runs are filed under
+    # a gymnasium id ("module:Id" imports the module first): fiberrl.rl.envs.check_env_id names close matches
+    id: str = setting(MISSING, ANY)
+    # passed to gymnasium.make; what the env takes: the algorithm makes it once to see
+    kwargs: dict[str, Any] = setting(rule=ANY, factory=dict)
+    # None: the id's registered limit (Atari: emulator frames)
+    max_episode_steps: int | None = setting(None, optional(at_least(1), "the id's registered limit"))
+    # the standard Atari preprocessing (fiberrl/rl/atari.py); PPO only (fiberrl.app.validate)
+    atari: bool = setting(False, ANY)
     # what steps PPO's env servers' envs: gymnasium, envpool, or auto (envpool when installed and it has the env)
-    engine: str = "auto"
-    envpool_threads: int = 1            # EnvPool's threads per env server
+    engine: str = setting("auto", one_of("auto", "gymnasium", "envpool"))
+    envpool_threads: int = setting(1, at_least(1))  # EnvPool's threads per env server
     # PPO's env servers play each episode in an env made for it, so that a resume replays it exactly (an
     # env can keep state its reset does not clear); false for an env too slow to make once an episode
-    new_env_per_episode: bool = True
-
-
-# what each field may hold beyond its type (fiberrl.validation), checked before a run starts
-ENV_RULES = {
-    "name": non_empty(),
-    "id": ANY,                          # a registered id: fiberrl.rl.envs.check_env_id names close matches
-    "kwargs": ANY,                      # what the env takes: the algorithm makes it once to see
-    "max_episode_steps": optional(at_least(1), "the id's registered limit"),
-    "atari": ANY,                       # whether the algorithm applies it: fiberrl.app.validate
-    "engine": one_of("auto", "gymnasium", "envpool"),
-    "envpool_threads": at_least(1),
-    "new_env_per_episode": ANY,
-}
+    new_env_per_episode: bool = setting(True, ANY)
 
 
 def runtime_settings_schema() -> type:
@@ -63,36 +55,25 @@ RuntimeSettings = runtime_settings_schema()
 
 @dataclass
 class BackendConfig:
-    name: str = "auto"                  # where workers run: local, docker, kubernetes, slurm; auto: the
-                                        # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml, kubernetes in a pod)
-    settings: RuntimeSettings = field(default_factory=RuntimeSettings)  # runtime settings: image, slurm_partition...
-
-
-BACKEND_RULES = {
-    "name": ANY,                        # fiberrl.app.configure_backend lists the backends
-    "settings": ANY,                    # the runtime's configure() checks each one
-}
+    # where workers run: local, docker, kubernetes, slurm (fiberrl.app.configure_backend lists them); auto: the
+    # runtime's own choice (FIBERRL_BACKEND, fiberrl.toml, kubernetes in a pod)
+    name: str = setting("auto", ANY)
+    # runtime settings: image, slurm_partition...; the runtime's configure() checks each one
+    settings: RuntimeSettings = setting(rule=ANY, factory=RuntimeSettings)
 
 
 @dataclass
 class AppConfig:
-    algo: Any = MISSING
-    env: EnvConfig = MISSING
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    workers: int = 2                    # pool workers (env servers for PPO)
-    seed: int = 0
-    resume: str | None = None           # a run directory to continue
-    tensorboard: bool = True            # also write TensorBoard events
-
-
-# algo, env and backend have tables of their own
-APP_RULES = {
-    "workers": Rule(lambda workers: workers >= 1, "a run needs at least one worker"),
+    algo: Any = setting(MISSING, ANY)  # checked against its own schema's rules
+    env: EnvConfig = setting(MISSING, ANY)  # likewise
+    backend: BackendConfig = setting(rule=ANY, factory=BackendConfig)  # likewise
+    # pool workers (env servers for PPO)
+    workers: int = setting(2, Rule(lambda workers: workers >= 1, "a run needs at least one worker"))
     # numpy's and torch's seeds are unsigned 64-bit integers
-    "seed": Rule(lambda seed: 0 <= seed < 2**64, "must be an integer in [0, 2**64)"),
-    "resume": ANY,                      # a run directory: fiberrl.app.run looks for its checkpoints/
-    "tensorboard": ANY,
-}
+    seed: int = setting(0, Rule(lambda seed: 0 <= seed < 2**64, "must be an integer in [0, 2**64)"))
+    # a run directory to continue: fiberrl.app.run looks for its checkpoints/
+    resume: str | None = setting(None, ANY)
+    tensorboard: bool = setting(True, ANY)  # also write TensorBoard events
 
 
 def default_run_dir(resume, algo: str, env: str) -> str:

@@ -1,9 +1,11 @@
-"""What a setting may hold, said once per field in a table beside each config
-dataclass (``RULES`` in ``algos/*.py``, ``APP_RULES``... in ``fiberrl/config.py``)
-and checked by ``fiberrl.app.validate`` before a run starts anything::
+"""What a setting may hold, said on its config dataclass field, beside its
+default and its comment (``Config`` in ``algos/*.py``, ``EnvConfig``... in
+``fiberrl/config.py``), and checked by ``fiberrl.app.validate`` before a run
+starts anything::
 
-    RULES = {"population": at_least(1), "sigma": positive(), "policy": one_of("mlp", "torch_mlp"), ...}
-    check_fields(cfg.algo, RULES, "algo.")
+    sigma: float = setting(0.02, positive())  # noise standard deviation
+    hidden: list[int] = setting(rule=layer_sizes(), factory=lambda: [64, 64])
+    check_fields(cfg.algo, Config, "algo.")
 
 A value its rule refuses is reported in one line that names the key as the
 user writes it, the value, and what is allowed::
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 
@@ -91,10 +93,25 @@ def optional(rule: Rule, none_means: str) -> Rule:
     return Rule(lambda value: value is None or rule.allows(value), f"{rule.requirement}, or null for {none_means}")
 
 
-def check_fields(section: Mapping, rules: Mapping[str, Rule], prefix: str = "") -> None:
-    """Raise UsageError for the first field of ``section`` that its rule refuses;
+def setting(default: Any = MISSING, rule: Rule | None = None, *, factory: Callable[[], Any] | None = None):
+    """A config dataclass field that says what it may hold: its ``default`` (or a ``factory`` making it) and
+    its ``rule``, which every field states (``ANY`` where its type is all there is to check)."""
+    if rule is None:
+        raise TypeError("a setting states its rule (ANY where its type is all there is to check)")
+    if factory is not None:
+        return field(default_factory=factory, metadata={"rule": rule})
+    return field(default=default, metadata={"rule": rule})
+
+
+def rules_of(schema: type) -> dict[str, Rule]:
+    r"""Each field's rule, of a dataclass whose fields are ``setting``\s."""
+    return {f.name: f.metadata["rule"] for f in fields(schema)}
+
+
+def check_fields(section: Mapping, schema: type, prefix: str = "") -> None:
+    """Raise UsageError for the first field of ``section`` that its rule (on ``schema``'s field) refuses;
     ``prefix`` makes the field's key the one the user writes (``algo.``)."""
-    for key, rule in rules.items():
+    for key, rule in rules_of(schema).items():
         value = section[key]
         if not rule.allows(value):
             raise UsageError(f"{prefix}{key}={shown(value)}: {rule.requirement}")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fiberrl.algorithm import ALGORITHMS, algorithm
 from fiberrl import app
-from fiberrl.config import (APP_RULES, BACKEND_RULES, CONFIG_DIR, ENV_RULES, AppConfig, BackendConfig, EnvConfig,
-                            compose)
+from fiberrl.algorithm import ALGORITHMS, algorithm
+from fiberrl.config import CONFIG_DIR, AppConfig, BackendConfig, EnvConfig, compose
 from fiberrl.runtime import config as runtime_config
+from fiberrl.validation import Rule, setting
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -209,13 +209,20 @@ def test_runtime_settings_are_checked_wherever_they_come_from(monkeypatch, tmp_p
 
 
 def test_every_field_of_every_config_has_a_rule():
-    def names(config) -> set:
-        return {f.name for f in dataclasses.fields(config)}
-    assert set(APP_RULES) | {"algo", "env", "backend"} == names(AppConfig)
-    assert set(ENV_RULES) == names(EnvConfig) and set(BACKEND_RULES) == names(BackendConfig)
+    from algos.es import ESSettings
+    schemas = [AppConfig, EnvConfig, BackendConfig, ESSettings]
     for name in ALGORITHMS:
         record = algorithm(name)
-        assert record.name == name and set(record.rules) == names(record.config), name
+        assert record.name == name
+        schemas.append(record.config)
+    without = [f"{schema.__name__}.{f.name}" for schema in schemas for f in dataclasses.fields(schema)
+               if not isinstance(f.metadata.get("rule"), Rule)]
+    assert not without
+
+
+def test_a_setting_states_its_rule():
+    with pytest.raises(TypeError, match="a setting states its rule"):
+        setting(1)
 
 
 def shipped(group: str) -> list[str]:
