@@ -117,6 +117,27 @@ def test_fresh_interpreters_when_switched_off_or_when_the_python_path_differs(mo
     assert run_report(q)[1] == os.getpid()
 
 
+
+def test_a_fork_server_that_dies_as_it_starts_leaves_its_job_to_a_fresh_interpreter(monkeypatch):
+    """A kill storm reaches every descendant, a fork server as it starts too: the job it was started
+    for runs as a fresh interpreter, and the next job starts another server (this failed the start,
+    and with it a whole pool, with 'Broken pipe')."""
+    from fiberrl.runtime.backends import get_backend
+    from fiberrl.runtime.processes import fork_server
+    get_backend("local").cleanup(None)  # no server yet: the next job starts one
+    real = fork_server.preparation_data
+
+    def once_the_server_is_gone(name):
+        time.sleep(1.0)  # the server below exits at once
+        return real(name)
+    monkeypatch.setattr(fork_server, "SERVER_COMMAND", [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(fork_server, "preparation_data", once_the_server_is_gone)
+    q = mp.Queue()
+    assert run_report(q)[1] == os.getpid()
+    monkeypatch.undo()
+    assert run_report(q)[1] != os.getpid()  # forked from a server that started
+
+
 MAIN_SCRIPT = '''
 import os, sys
 with open(os.environ["IMPORTS_LOG"], "a") as log:  # every import of this module, by which process

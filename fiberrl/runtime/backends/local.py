@@ -91,7 +91,11 @@ class LocalBackend(Backend):
         with self._lock:
             server = self._fork_server
             if server is None or not server.alive or server.owner_pid != os.getpid():
-                self._fork_server = _fork_server_type()
+                try:
+                    self._fork_server = _fork_server_type()
+                except OSError:  # it died as it started: this job is a fresh interpreter, the next tries again
+                    self._fork_server = None
+                    return None
             server = self._fork_server
         if env.get("PYTHONPATH", "") != server.python_path:
             return None  # the server's sys.path would not be the job's

@@ -96,7 +96,13 @@ class ForkServer:
                                         stdin=subprocess.DEVNULL, close_fds=True)
         theirs.close()
         self._sock = ours
-        self._sock.send(pickle.dumps(preparation_data("fiberrl-fork-server"), protocol=5))
+        try:
+            self._sock.send(pickle.dumps(preparation_data("fiberrl-fork-server"), protocol=5))
+        except OSError:  # the server died as it started (killed with this process's other descendants)
+            ours.close()
+            self._server.kill()
+            self._server.wait()
+            raise
         self.python_path = os.environ.get("PYTHONPATH", "")
         self.owner_pid = os.getpid()  # a forked copy of this process must start its own
         self._lock = threading.Lock()  # one request at a time: the pid reply follows its request
