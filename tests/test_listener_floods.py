@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import ROOT, wait_until
 
-from fiberrl.runtime.net import auth, stream
+from fiberrl.runtime.net import auth, dial, stream
 from fiberrl.runtime.net import listener as listener_module
 from fiberrl.runtime.net.errors import LinkError
 from fiberrl.runtime.net.listener import Listener
@@ -30,9 +30,9 @@ def host_and_port(address: str) -> tuple[str, int]:
 def connect_tcp(address: str) -> stream.Stream:
     """A stream over TCP even on this host (the local socket would skip what is tested)."""
     gate, _, service = address.partition("/")
-    authenticated = stream._authenticate(stream.Stream(socket.create_connection(host_and_port(address), timeout=10)),
+    authenticated = dial._authenticate(stream.Stream(socket.create_connection(host_and_port(address), timeout=10)),
                                          gate)
-    return stream.ask_for(authenticated, service)
+    return dial.ask_for(authenticated, service)
 
 
 LISTENER_WITH_FEW_FDS = textwrap.dedent("""
@@ -71,7 +71,7 @@ def test_a_listener_out_of_file_descriptors_goes_on_listening(script_env):
         client.send([b"still here"])
         assert client.recv() == b"still here"
         client.close()
-        local = stream.connect(address)  # and its Unix socket too
+        local = dial.connect(address)  # and its Unix socket too
         local.send([b"and here"])
         assert local.recv() == b"and here"
         local.close()
@@ -153,13 +153,13 @@ def test_a_process_listens_once_per_host_for_all_its_services():
     assert first._gate is second._gate and host_and_port(first.address) == host_and_port(second.address)
     assert first.address != second.address
     for listener, word in ((first, b"one"), (second, b"two")):
-        client = stream.connect(listener.address)
+        client = dial.connect(listener.address)
         client.send([word])
         assert client.recv() == word
         client.close()
     gate = first._gate
     first.close()
-    late = stream.connect(first.address)
+    late = dial.connect(first.address)
     with pytest.raises(LinkError):
         late.recv()
     late.close()

@@ -14,7 +14,7 @@ from test_security import Evil, listening_sockets
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.managers import AsyncManager, BaseManager, ManagerError, SyncManager
-from fiberrl.runtime.net import auth, stream, wire
+from fiberrl.runtime.net import auth, dial, stream, wire
 
 pytestmark = pytest.mark.slow  # the tests here start processes
 
@@ -413,7 +413,7 @@ def test_manager_streams_refuse_clients_without_the_secret(tmp_path):
         auth._secret = os.urandom(32)
         try:
             with pytest.raises(PermissionError):
-                stream.connect(manager.address)
+                dial.connect(manager.address)
         finally:
             auth._secret = real
         d["fine"] = True

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_until
 
 import fiberrl.runtime as mp
-from fiberrl.runtime.net import auth, stream, transport, wire
+from fiberrl.runtime.net import auth, dial, stream, transport, wire
 from fiberrl.runtime.net import listener as listener_module
 from fiberrl.runtime.net.listener import Listener
 from fiberrl.runtime.pool.worker import CHUNK
@@ -142,7 +142,7 @@ def test_a_squatter_on_the_old_name_never_sees_a_connection(tmp_path):
     squatter = squat(predictable_name(listener._gate.address))
     assert squatter is not None
     relay = Relay(squatter, listener.address, evil_frame(tmp_path / "pwned"))
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     client.send([b"hello"])
     assert wire.loads(client.recv()) == ("echo", 5)
     assert client.sock.family == socket.AF_UNIX or client._pipe_in is not None
@@ -164,7 +164,7 @@ def test_a_holder_of_the_local_name_that_relays_to_tcp_is_refused_and_logged(tmp
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     assert wait_until(lambda: _bound(squatter, auth.local_name(listener._gate.address)), 10)
     relay = Relay(squatter, listener.address, evil_frame(tmp_path / "pwned"))
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     assert client.sock.family == socket.AF_INET
     client.send([bytes(wire.join(wire.dumps("from the client")))])
     assert wait_until(lambda: loaded == ["from the client"], 10)
@@ -199,7 +199,7 @@ def test_a_party_on_the_tcp_path_cannot_add_frames(tmp_path, caplog):
     sock = socket.create_connection(middle.getsockname()[:2], timeout=10)
     # the client believes it dialled the listener: a party on the path keeps addresses alike
     gate, _, service = listener.address.partition("/")
-    client = stream.ask_for(stream._authenticate(stream.Stream(sock), gate), service)
+    client = dial.ask_for(dial._authenticate(stream.Stream(sock), gate), service)
     assert wait_until(lambda: relay.inject == b"", 10)
     client.send([bytes(wire.join(wire.dumps("from the client")))])
     with pytest.raises(stream.PeerMisbehaved, match="MAC"):
@@ -216,7 +216,7 @@ def test_frames_over_tcp_carry_macs_that_the_peer_checks():
     listener = Listener("127.0.0.1", lambda s: frames.extend(s.recv() for _ in range(3)))
     host, _, port = listener.address.partition("/")[0].rpartition(":")
     gate, _, service = listener.address.partition("/")
-    client = stream.ask_for(stream._authenticate(stream.Stream(socket.create_connection((host, int(port)))), gate),
+    client = dial.ask_for(dial._authenticate(stream.Stream(socket.create_connection((host, int(port)))), gate),
                             service)
     for size in (0, 100, 3 << 20):
         client.send([b"x" * size])
@@ -322,7 +322,7 @@ def test_a_manager_stream_through_a_party_on_its_path_loads_nothing(marker, monk
         relay = Relay(middle, manager.address, evil_frame(marker))
         host, _, port = manager.address.partition("/")[0].rpartition(":")
         diverted = middle.getsockname()[:2]
-        monkeypatch.setattr(stream, "_connect_local", lambda address, timeout: None)
+        monkeypatch.setattr(dial, "_connect_local", lambda address, timeout: None)
         monkeypatch.setattr(socket, "create_connection",
                             lambda where, *a, **k: _dial(diverted if where == (host, int(port)) else where, *a, **k))
         outcome = []
@@ -368,7 +368,7 @@ def test_a_queue_hubs_connection_through_a_party_on_its_path_loads_nothing(marke
     relay = Relay(middle, hub_address, evil_frame(marker))
     host, _, port = hub_address.partition("/")[0].rpartition(":")
     diverted = middle.getsockname()[:2]
-    monkeypatch.setattr(stream, "_connect_local", lambda address, timeout: None)
+    monkeypatch.setattr(dial, "_connect_local", lambda address, timeout: None)
     monkeypatch.setattr(socket, "create_connection",
                         lambda where, *a, **k: _dial(diverted if where == (host, int(port)) else where, *a, **k))
     client = transport.Client(hub_address, connect_timeout=5)

@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import wait_until
 
-from fiberrl.runtime.net import auth, errors, shared_frames, stream
+from fiberrl.runtime.net import auth, dial, errors, shared_frames, stream
 from fiberrl.runtime.net.listener import Listener
 
 pytestmark = pytest.mark.skipif(not (stream.LOCAL_SOCKETS and shared_frames.AVAILABLE),
@@ -26,7 +26,7 @@ def echo(s: stream.Stream) -> None:
 @pytest.fixture
 def echoed():
     listener = Listener("127.0.0.1", echo)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     yield client
     client.close()
     listener.close()
@@ -69,7 +69,7 @@ def test_a_reader_that_falls_behind_gets_frames_through_the_pipe_in_order(monkey
         done.set()
 
     listener = Listener("127.0.0.1", read_late)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     for i in range(count):
         client.send([frame(size, i)])
     assert wait_until(lambda: len(got) == count, 30)
@@ -93,7 +93,7 @@ def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
         done.set()
 
     listener = Listener("127.0.0.1", collect)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
 
     def send(k):
         for j in range(50):
@@ -114,7 +114,7 @@ def test_threads_sending_large_frames_at_once_keep_each_frame_whole():
 def test_streams_over_tcp_have_no_ring(monkeypatch):
     monkeypatch.setattr(stream, "LOCAL_SOCKETS", False)
     listener = Listener("127.0.0.1", echo)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     assert client.sock.family == socket.AF_INET and client._ring_out is None
     client.send([frame(100_000, 1)])
     assert client.recv() == frame(100_000, 1)
@@ -193,7 +193,7 @@ def test_the_ring_offer_is_read_even_when_it_arrives_with_the_first_frame():
         s.recv()
 
     listener = Listener("127.0.0.1", answer_at_once)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     assert served.wait(10)
     time.sleep(0.05)
     assert client.recv() == frame(200_000, 5)
@@ -214,7 +214,7 @@ def test_a_close_reaches_the_peer_while_a_forked_process_still_holds_the_pipe():
         ended.set()
 
     listener = Listener("127.0.0.1", serve)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     assert client._pipe_out is not None
     child = os.fork()
     if child == 0:  # holds every fd of the parent until it is killed
@@ -272,7 +272,7 @@ def test_readable_works_for_a_stream_whose_fds_are_past_1024():
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
     try:
         listener = Listener("127.0.0.1", echo)
-        client = stream.connect(listener.address)
+        client = dial.connect(listener.address)
         assert client.fileno() >= 1024
         assert not client.readable(0.05)
         client.send([b"ping"])
@@ -295,7 +295,7 @@ def test_a_side_that_cannot_make_a_pipe_stays_on_the_socket(monkeypatch):
         return real_pipe()
     monkeypatch.setattr(os, "pipe", pipe)
     listener = Listener("127.0.0.1", echo)
-    client = stream.connect(listener.address)
+    client = dial.connect(listener.address)
     assert client._pipe_out is None and client._pipe_in is not None and client.sock.fileno() >= 0
     for i, size in enumerate([10, 100_000, shared_frames.RING_BYTES + 1]):
         client.send([frame(size, i)])

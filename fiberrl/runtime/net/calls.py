@@ -15,7 +15,8 @@ import threading
 import time
 
 from .errors import LinkError
-from .stream import HANDSHAKE_TIMEOUT, connect
+from .dial import connect
+from .stream import HANDSHAKE_TIMEOUT
 
 HEAD = struct.Struct("<BQq")
 CALL_ID = struct.Struct("<Q")

@@ -26,7 +26,7 @@ import traceback
 
 from ..net import wire
 from ..net.errors import LinkError
-from ..net.stream import connect
+from ..net.dial import connect
 from ..processes.lifeline import beat_less_often
 from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
 

@@ -17,7 +17,8 @@ import time
 
 from ..net.errors import LinkError, PeerGone
 from ..net.listener import Listener
-from ..net.stream import Stream, connect
+from ..net.dial import connect
+from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
 from ..net.transport import ERROR
 
