@@ -382,7 +382,7 @@ def take_one_then(q_in, q_out, then):
 
 
 def test_what_a_push_queue_dealt_to_a_reader_that_exits_or_stops_asking_goes_to_the_others():
-    from fiberrl.runtime.dealing_channel import IDLE_SECONDS
+    from fiberrl.runtime.primitives.dealing_channel import IDLE_SECONDS
     from fiberrl.runtime.queues import SimpleQueuePush
     outqueue = mp.SimpleQueue()
     for then in ("exit", "sleep"):
