@@ -5,7 +5,7 @@ import sys
 import hydra
 
 from fiberrl.app import task
-from fiberrl.config import CONFIG_DIR, register_configs, register_resolvers
+from fiberrl.app_config import CONFIG_DIR, register_configs, register_resolvers
 
 register_resolvers()
 register_configs(sys.argv[1:])

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .algorithm import algorithm
-from .config import AppConfig, BackendConfig, EnvConfig
+from .app_config import AppConfig, BackendConfig, EnvConfig
 from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
 from .sweepable import sweepable

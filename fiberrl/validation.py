@@ -1,6 +1,6 @@
 """What a setting may hold, said on its config dataclass field, beside its
 default and its comment (``Config`` in ``algos/*.py``, ``EnvConfig``... in
-``fiberrl/config.py``), and checked by ``fiberrl.app.validate`` before a run
+``fiberrl/app_config.py``), and checked by ``fiberrl.app.validate`` before a run
 starts anything::
 
     sigma: float = setting(0.02, positive())  # noise standard deviation

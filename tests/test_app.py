@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from fiberrl.algorithm import ALGORITHMS
-from fiberrl.config import CONFIG_DIR, algorithms_used, compose
+from fiberrl.app_config import CONFIG_DIR, algorithms_used, compose
 from fiberrl.rl.envs import check_env_id
 
 REPO = Path(__file__).resolve().parent.parent

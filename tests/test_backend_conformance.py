@@ -18,7 +18,7 @@ import pytest
 import fiberrl.runtime as mp
 from conftest import clean_up_as_at_exit, wait_until
 from fiberrl.app import run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.runtime import Ring, RingError
 from fiberrl.runtime.connection import wait
 from fiberrl.runtime.managers import AsyncManager, ManagerError

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fiberrl.app import run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.run import CHECKPOINT_FORMAT, CheckpointMismatch, NoUsableCheckpoint, load_npz, save_npz
 
 # every test here trains a run (pool workers, env servers)

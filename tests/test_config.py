@@ -102,7 +102,7 @@ def test_a_sweep_folder_is_not_named_by_where_its_run_runs():
 
     from omegaconf import OmegaConf
 
-    from fiberrl.config import CONFIG_DIR
+    from fiberrl.app_config import CONFIG_DIR
     from fiberrl.runtime.config import RuntimeConfig
     excluded = set(OmegaConf.load(f"{CONFIG_DIR}/config.yaml").hydra.job.config.override_dirname.exclude_keys)
     settings = {f"backend.settings.{f.name}" for f in dataclasses.fields(RuntimeConfig) if f.name != "backend"}

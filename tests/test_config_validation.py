@@ -12,7 +12,7 @@ import pytest
 
 from fiberrl import app
 from fiberrl.algorithm import ALGORITHMS, algorithm
-from fiberrl.config import CONFIG_DIR, AppConfig, BackendConfig, EnvConfig, compose
+from fiberrl.app_config import CONFIG_DIR, AppConfig, BackendConfig, EnvConfig, compose
 from fiberrl.runtime import config as runtime_config
 from fiberrl.validation import Rule, setting
 

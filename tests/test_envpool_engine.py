@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fiberrl.app import UsageError, run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.ppo_toy_env, for the env servers too

@@ -13,7 +13,7 @@ import pytest
 import fiberrl.runtime as mp
 from algos.es import ES, Config, RunningStat, centered_ranks
 from fiberrl.app import run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.rl.noise import NoiseTable, table_path
 
 SMALL = ["algo.noise_size=2000000", "tensorboard=false"]

@@ -17,7 +17,7 @@ import torch
 from algos.on_policy.rollouts import bootstrap_truncated
 from algos.ppo import gae
 from fiberrl.app import UsageError, run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.evaluate import evaluate
 from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
 

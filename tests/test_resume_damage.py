@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from fiberrl.app import run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.rl.noise import table_path
 from fiberrl.run import CheckpointMismatch, RunDirectory
 

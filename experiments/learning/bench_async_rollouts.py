@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from fiberrl.app import run
-    from fiberrl.config import compose
+    from fiberrl.app_config import compose
 
     out = args.out or REPO / "experiments" / "results" / "async_rollouts" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)

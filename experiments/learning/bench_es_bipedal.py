@@ -121,7 +121,7 @@ def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
     """One seed's run, or the rest of it: a run whose budget is spent ends at once (its last checkpoint
     is the policy at the budget)."""
     from fiberrl.app import run
-    from fiberrl.config import compose
+    from fiberrl.app_config import compose
 
     overrides = fiberrl_overrides(args, seed)
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("*.npz")):
@@ -510,7 +510,7 @@ def draw(rows: list[dict], path: Path, args) -> None:
 def share_fiberrl_settings(args, parser) -> None:
     """The preset's settings that the peer takes too (its network, its episode cap; for
     openai-es its sigma and step size), and its popsize."""
-    from fiberrl.config import compose
+    from fiberrl.app_config import compose
     try:
         algo = compose(fiberrl_overrides(args, args.seeds[0])).algo
     except Exception as exc:  # a preset that does not exist, a --set Hydra refuses

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fiberrl.app import run  # noqa: E402
-from fiberrl.config import compose  # noqa: E402
+from fiberrl.app_config import compose  # noqa: E402
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ def fiberrl_seed(args, seed: int, run_dir: Path) -> None:
     """Train (or resume, or skip when done) and write final.json: the final policy's evaluation."""
     overrides = ["+experiment=ppo_bipedal_walker", f"seed={seed}", f"algo.total_timesteps={args.steps}",
                  "tensorboard=false", *args.set]
-    from fiberrl.config import compose
+    from fiberrl.app_config import compose
     cfg = compose(overrides)
     num_updates = args.steps // (cfg.workers * cfg.algo.envs_per_worker * cfg.algo.num_steps)
     metrics = read_metrics(run_dir)

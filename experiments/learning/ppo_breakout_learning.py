@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fiberrl.app import run
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.plot import plot_runs
 from fiberrl.run import RunDirectory
 

@@ -102,7 +102,8 @@ for tag in ("charts/episodic_return", "charts/SPS"):
 
 
 def start_fiberrl(args, seed: int, run_dir: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fiberrl", *args.task.fiberrl, f"env.engine={args.engine}", "workers=2", f"seed={seed}", f"algo.total_timesteps={args.steps}", "algo.eval_every=0",
+    command = [sys.executable, "-m", "fiberrl", *args.task.fiberrl, f"env.engine={args.engine}", "workers=2",
+               f"seed={seed}", f"algo.total_timesteps={args.steps}", "algo.eval_every=0",
                "tensorboard=false", f"hydra.run.dir={run_dir}"]
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, **ONE_THREAD), stdout=log,

@@ -95,7 +95,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # so that workers (which get this sys.path) import this module by name
     sys.path.insert(0, str(REPO))
 
-from fiberrl.config import compose  # noqa: E402 -- needs the path above
+from fiberrl.app_config import compose  # noqa: E402 -- needs the path above
 
 # The plain id, registered when this module is imported.  The parent runs this file; each worker imports it
 # again as its __main__ (spawn's preparation) before it builds its env, so the id is registered there too.

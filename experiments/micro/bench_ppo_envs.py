@@ -29,7 +29,7 @@ from rich.console import Console
 
 from algos.on_policy.evaluation import env_actions
 from algos.ppo import make_agent, train
-from fiberrl.config import compose
+from fiberrl.app_config import compose
 from fiberrl.rl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
 from fiberrl.run import RunDirectory
 
