@@ -454,5 +454,5 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 
 ALGORITHM = Algorithm(
     name="es", config=Config, check_settings=check_settings, train=train, load_policy=load_policy,
-    worker_modules=("algos.es_workers",),
+    worker_modules=("fiberrl.algos.es_workers",),
     resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}))

@@ -32,10 +32,10 @@ from typing import NamedTuple
 import numpy as np
 
 import fiberrl.runtime as mp
-from algos.es import ES, ESSettings, check_noise_room, check_noise_size
-from algos.es_workers import EvalResult, EvalTask, EvaluatorSpec, PairTask, ParamServer
-from algos.poet_population import ArchivedTerrain, Pair, check_checkpoint, pack, unpack
-from algos.poet_workers import TerrainTask, evaluate, init_worker
+from .es import ES, ESSettings, check_noise_room, check_noise_size
+from .es_workers import EvalResult, EvalTask, EvaluatorSpec, PairTask, ParamServer
+from .poet_population import ArchivedTerrain, Pair, check_checkpoint, pack, unpack
+from .poet_workers import TerrainTask, evaluate, init_worker
 from fiberrl.algorithm import Algorithm
 from fiberrl.rl.noise import NoiseTable
 from fiberrl.rl.policies import make_policy
@@ -426,5 +426,5 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
 ALGORITHM = Algorithm(
     name="poet", config=Config, check_settings=check_settings, train=train,
     load_policy=None,  # its checkpoints hold a population of agents, each for its own terrain
-    worker_modules=("algos.poet_workers",),
+    worker_modules=("fiberrl.algos.poet_workers",),
     resume_may_change=frozenset({"iterations", "checkpoint_every", "stop_reward", "chunksize"}))

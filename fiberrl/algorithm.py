@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # algo=<name> -> the module whose ALGORITHM record it is
-ALGORITHMS = {"es": "algos.es", "ppo": "algos.ppo", "poet": "algos.poet"}
+ALGORITHMS = {"es": "fiberrl.algos.es", "ppo": "fiberrl.algos.ppo", "poet": "fiberrl.algos.poet"}
 
 # top-level settings that do not change what a run computes, unless an algorithm says otherwise
 RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard"})

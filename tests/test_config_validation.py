@@ -209,7 +209,7 @@ def test_runtime_settings_are_checked_wherever_they_come_from(monkeypatch, tmp_p
 
 
 def test_every_field_of_every_config_has_a_rule():
-    from algos.es import ESSettings
+    from fiberrl.algos.es import ESSettings
     schemas = [AppConfig, EnvConfig, BackendConfig, ESSettings]
     for name in ALGORITHMS:
         record = algorithm(name)

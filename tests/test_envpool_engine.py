@@ -151,7 +151,7 @@ def test_ppo_trains_on_envpool_servers_replaces_a_killed_one_and_resumes(tmp_pat
 
 
 def test_engine_settings_are_resolved_or_refused_in_one_line(tmp_path):
-    from algos.on_policy.envs import env_spec
+    from fiberrl.algos.on_policy.envs import env_spec
     assert env_spec(compose([*FAST, "env=cartpole"])).engine == "envpool"            # auto: EnvPool has it
     assert env_spec(compose([*FAST, "env=cartpole", "env.engine=gymnasium"])).engine == "gymnasium"
     toy = ["env=gym", "env.id=helpers.ppo_toy_env:Chain-v0"]

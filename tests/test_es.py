@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fiberrl.runtime as mp
-from algos.es import ES, Config, RunningStat, centered_ranks
+from fiberrl.algos.es import ES, Config, RunningStat, centered_ranks
 from fiberrl.app import run
 from fiberrl.app_config import compose
 from fiberrl.rl.noise import NoiseTable, table_path
@@ -204,7 +204,7 @@ def test_a_budget_of_env_steps_ends_the_run_at_the_update_that_reaches_it_with_a
 
 
 def test_clipup_steps_along_the_normalised_gradient_with_momentum_up_to_its_speed_limit():
-    from algos.es import ClipUp
+    from fiberrl.algos.es import ClipUp
     clipup = ClipUp(3, step_size=0.1, momentum=0.5, max_speed=0.12)
     gradient = np.array([30.0, 0.0, -40.0], np.float32)  # length 50: only its direction counts
     np.testing.assert_allclose(clipup.step(gradient), [-0.06, 0.0, 0.08], rtol=1e-6)  # 0.1 down the gradient
@@ -274,7 +274,7 @@ def test_adaptive_episode_cap_grows_when_enough_episodes_reach_it_and_resumes_ex
 
 
 def test_an_adaptive_cap_needs_a_starting_cap_and_leaves_the_eval_episodes_to_the_env_limit(tmp_path):
-    from algos.es import eval_episode_steps
+    from fiberrl.algos.es import eval_episode_steps
     from fiberrl.validation import UsageError
     with pytest.raises(UsageError, match="algo.episode_steps_growth=2.0 grows the cap algo.episode_steps sets"):
         _train(tmp_path, "no_cap", ["algo.episode_steps_growth=2"])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import PYTHON, ROOT
 
-from algos.poet import Config, best_transfer, encoding_scale, meets_minimal_criterion, mutate, novelty, rank_by_novelty
+from fiberrl.algos.poet import (Config, best_transfer, encoding_scale, meets_minimal_criterion, mutate, novelty,
+                                rank_by_novelty)
 from fiberrl.app import UsageError, run
 from fiberrl.app_config import compose
 from fiberrl.rl.walker_terrain import TerrainEncoding, make_terrain_env

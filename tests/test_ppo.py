@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from algos.on_policy.rollouts import bootstrap_truncated
-from algos.ppo import gae
+from fiberrl.algos.on_policy.rollouts import bootstrap_truncated
+from fiberrl.algos.ppo import gae
 from fiberrl.app import UsageError, run
 from fiberrl.app_config import compose
 from fiberrl.evaluate import evaluate
@@ -373,9 +373,9 @@ def test_presets_hold_cleanrls_and_the_zoos_settings():
 def test_a_deterministic_evaluation_takes_the_policys_most_likely_action():
     import gymnasium as gym
 
-    from algos.on_policy.checkpoint import policy_arrays
-    from algos.on_policy.evaluation import Policy
-    from algos.ppo import MLPAgent, load_policy
+    from fiberrl.algos.on_policy.checkpoint import policy_arrays
+    from fiberrl.algos.on_policy.evaluation import Policy
+    from fiberrl.algos.ppo import MLPAgent, load_policy
     torch.manual_seed(0)
     box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     agent = MLPAgent(3, box, [8])
@@ -414,7 +414,7 @@ def test_log_std_init_sets_the_gaussians_starting_std(tmp_path):
 def test_std_never_rises_caps_each_updates_std_at_the_one_it_started_from():
     import gymnasium as gym
 
-    from algos.ppo import Config, MLPAgent, ppo_update
+    from fiberrl.algos.ppo import Config, MLPAgent, ppo_update
 
     def log_std_after_update(never_rises: bool, advantage: str) -> np.ndarray:
         torch.manual_seed(0)
@@ -442,9 +442,9 @@ def test_std_never_rises_caps_each_updates_std_at_the_one_it_started_from():
 def test_a_cpu_learner_steps_its_envs_on_one_torch_thread_and_updates_on_all(tmp_path):
     from rich.console import Console
 
-    from algos.on_policy.envs import remote_envs
-    from algos.on_policy.rollouts import ROLLOUT_THREADS
-    from algos.ppo import train
+    from fiberrl.algos.on_policy.envs import remote_envs
+    from fiberrl.algos.on_policy.rollouts import ROLLOUT_THREADS
+    from fiberrl.algos.ppo import train
     from fiberrl.run import RunDirectory
     seen = []
 

@@ -28,7 +28,7 @@ workers grow, with population 2048 (4096 episodes per iteration).
     policy, env reset and step, the forward pass: under a millisecond a pair)
     is not in the ideal; with hundreds of workers on 2 cores it adds up.
     Peer lines: a multiprocessing.Pool (spawn) of the same size maps, with the
-    same default chunksize, (1) the same ES tasks (algos.es_workers.evaluate on
+    same default chunksize, (1) the same ES tasks (fiberrl.algos.es_workers.evaluate on
     FixedCost-v0, with the parameters held by each worker instead of fetched
     from the parameter server) and (2) as many tasks that only sleep 2 * cost.
     The peer has no master work: compare it with the pool phase.
@@ -291,13 +291,13 @@ class FixedParams:
 
 def mp_peer(workers: int, population: int, cost: float, iterations: int, noise_size: int) -> dict:
     """Median iteration times of two maps of ``population`` tasks on a multiprocessing.Pool (spawn):
-    "sleep", tasks that only sleep 2 * cost; "es", the ES workers' own task (algos.es_workers.evaluate: the
+    "sleep", tasks that only sleep 2 * cost; "es", the ES workers' own task (fiberrl.algos.es_workers.evaluate: the
     policy perturbed from the noise table, two FixedCost-v0 episodes), with the parameters held by each
     worker instead of fetched from a parameter server.  Also the pool's start-up time."""
     import functools
 
-    from algos.es import Config
-    from algos.es_workers import EvaluatorSpec, PairTask, evaluate, init_worker
+    from fiberrl.algos.es import Config
+    from fiberrl.algos.es_workers import EvaluatorSpec, PairTask, evaluate, init_worker
     from fiberrl.rl.noise import NoiseTable
     from fiberrl.rl.policies import make_policy
 

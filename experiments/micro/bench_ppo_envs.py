@@ -12,7 +12,7 @@ and apply the same Atari preprocessing.  Printed: env steps per second of
 the rollout loop (and with split-batch pipelining: each server's envs are
 inferred on as soon as that server answers, while the others still step),
 and with ``--updates K`` also ``charts/SPS`` of K whole
-PPO updates (rollout + learning) run through ``algos.ppo.train`` with each
+PPO updates (rollout + learning) run through ``fiberrl.algos.ppo.train`` with each
 kind of envs.  Timings on a shared machine are noisy: compare the ratios.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from algos.on_policy.evaluation import env_actions
-from algos.ppo import make_agent, train
+from fiberrl.algos.on_policy.evaluation import env_actions
+from fiberrl.algos.ppo import make_agent, train
 from fiberrl.app_config import compose
 from fiberrl.rl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
 from fiberrl.run import RunDirectory
