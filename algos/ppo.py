@@ -339,7 +339,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
     restored = checkpoint.restore(*saved, learner) if saved is not None else None
     envs = make_envs(cfg, spec, restored and restored.history, restored and restored.generations)
     restarts_before = restored.env_server_restarts if restored else 0
-    eval_env, rollouts = None, None
+    eval_env, rollouts, episodic_return = None, None, None
     try:
         raw_obs = envs.reset()
         if restored and restored.next_obs is not None and not np.array_equal(raw_obs, restored.next_obs):
@@ -379,11 +379,12 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
 
             episodes, restarts = rollout.episodes, restarts_before + envs.restarts
             returns_ = [e.reward for e in episodes]
+            episodic_return = float(np.mean(returns_)) if returns_ else None
             metrics = {"rollout_s": t_rollout, "update_s": t_update, "rollout_wait_s": t_wait,
                        "rollout_collect_s": rollout.seconds, "rollout_inference_s": rollout.inference_s,
                        "charts/SPS": loop.steps_per_second(),
                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                       "charts/episodic_return": float(np.mean(returns_)) if returns_ else None,
+                       "charts/episodic_return": episodic_return,
                        "charts/episodic_length": float(np.mean([e.length for e in episodes])) if episodes else None,
                        "charts/episodes": len(episodes), "charts/env_server_restarts": restarts, **losses}
             if loop.end(update, metrics, eval_reward=eval_reward,
@@ -399,7 +400,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
         if eval_env is not None:
             eval_env.close()
     return loop.summary(env_server_restarts=restarts_before + envs.restarts,
-                        episodic_return=metrics["charts/episodic_return"] if loop.done > loop.start else None,
+                        episodic_return=episodic_return,
                         agent=agent)
 
 

@@ -319,6 +319,9 @@ def test_cli_runs_ppo_then_evaluates_and_plots_it(tmp_path):
                                      f"hydra.run.dir={run_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "iter     4/4  steps 512" in result.stdout
+    # the run ends saying where it went and how to look at it
+    assert f"run directory: {run_dir} (metrics.jsonl, checkpoints/, best_policy.npz)" in result.stdout
+    assert f"evaluate it:   python -m fiberrl.evaluate {run_dir} --episodes 20" in result.stdout
     metrics = _metrics(run_dir)
     assert len(metrics) == 4 and metrics[-1]["timesteps"] == 512
     for key in ("charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",

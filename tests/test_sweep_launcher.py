@@ -221,6 +221,8 @@ def test_fiberrl_sweep_killed_run_resumes_from_its_checkpoint_and_a_partial_swee
     # the same command again: the finished run is kept, the killed one goes on from its checkpoint
     code, out, err = sweep(args, ROOT)
     assert code == 0, err
+    # it ends saying where it went and how to look at it
+    assert f"sweep: {sweep_dir} (2 runs;" in out and f"plot it: python -m fiberrl.plot {sweep_dir} -o curves.png" in out
     rows = table(sweep_dir)
     assert [row["state"] for row in rows] == ["done", "done"]
     assert (folders()[1] / ".hydra" / "job_return.pickle").stat().st_mtime == done_before
