@@ -120,10 +120,12 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
 
 def where_it_went(run_dir: Path, evaluates: bool) -> list[str]:
     """The lines that end a run: where its files are, and the commands that look at them."""
-    files = "metrics.jsonl, checkpoints/" + (", best_policy.npz" if evaluates else "")
-    lines = [f"run directory: {run_dir} ({files})"]
-    if evaluates:
-        lines.append(f"evaluate it:   python -m fiberrl.evaluate {shlex.quote(str(run_dir))} --episodes 20")
+    best = (run_dir / "best_policy.npz").exists()
+    files = ["metrics.jsonl", "checkpoints/"] + (["best_policy.npz"] if best else [])
+    lines = [f"run directory: {run_dir} ({', '.join(files)})"]
+    if evaluates:  # without an evaluation during the run, there is no best policy: the last checkpoint's
+        lines.append(f"evaluate it:   python -m fiberrl.evaluate {shlex.quote(str(run_dir))} --episodes 20"
+                     + ("" if best else " --checkpoint latest"))
     lines.append(f"plot it:       python -m fiberrl.plot {shlex.quote(str(run_dir))} -o curves.png")
     return lines
 

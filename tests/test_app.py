@@ -168,3 +168,15 @@ def test_env_ids_from_a_module_are_imported_first(tmp_path, monkeypatch):
         check_env_id("my_envs:Other-v0")
     with pytest.raises(UnknownEnvironment, match="module 'no_such_module' could not be imported"):
         check_env_id("no_such_module:X-v0")
+
+
+def test_a_run_ends_with_its_folder_and_commands_that_work_on_what_it_holds(tmp_path):
+    from fiberrl.app import where_it_went
+    (tmp_path / "checkpoints").mkdir()
+    lines = where_it_went(tmp_path, evaluates=True)
+    assert lines[0] == f"run directory: {tmp_path} (metrics.jsonl, checkpoints/)"
+    assert lines[1].endswith("--episodes 20 --checkpoint latest")  # no evaluation ran: no best policy
+    (tmp_path / "best_policy.npz").write_bytes(b"")
+    lines = where_it_went(tmp_path, evaluates=True)
+    assert "best_policy.npz" in lines[0] and lines[1].endswith("--episodes 20")
+    assert [line.split(":")[0] for line in where_it_went(tmp_path, evaluates=False)] == ["run directory", "plot it"]
