@@ -11,17 +11,15 @@ import pytest
 from fiberrl.app import run
 from fiberrl.app_config import compose
 from fiberrl.run import CHECKPOINT_FORMAT, CheckpointMismatch, NoUsableCheckpoint, load_npz, save_npz
+from helpers.small_runs import SMALL_PPO, small_es
 
 # every test here trains a run (pool workers, env servers)
 pytestmark = pytest.mark.slow
 
 # a noise table no other test uses
 SEED, NOISE_SIZE = 4183, 100_019
-ES = ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_size={NOISE_SIZE}", f"seed={SEED}",
-      "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
-PPO = ["algo=ppo", "env=cartpole", "env.engine=gymnasium", "tensorboard=false", "algo.eval_every=0", "workers=1",
-       "algo.envs_per_worker=1", "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1",
-       "algo.checkpoint_every=1"]
+ES = small_es(SEED, NOISE_SIZE)
+PPO = SMALL_PPO
 
 
 class Stop(Exception):

@@ -19,16 +19,13 @@ from fiberrl.app import run
 from fiberrl.app_config import compose
 from fiberrl.rl.noise import table_path
 from fiberrl.run import CheckpointMismatch, RunDirectory
+from helpers.small_runs import SMALL_PPO, small_es
 
 REPO = Path(__file__).resolve().parent.parent
 # a noise table no other test uses, so that the /dev/shm checks see only this file's runs
 SEED, NOISE_SIZE = 4177, 100_003
-ES = ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_size={NOISE_SIZE}", f"seed={SEED}",
-      "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
-# the gymnasium engine: a resume compared with the uninterrupted run must rebuild the envs exactly
-PPO = ["algo=ppo", "env=cartpole", "env.engine=gymnasium", "tensorboard=false", "algo.eval_every=0", "workers=1",
-       "algo.envs_per_worker=1", "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1",
-       "algo.checkpoint_every=1"]
+ES = small_es(SEED, NOISE_SIZE)
+PPO = SMALL_PPO
 POET = ["algo=poet", "workers=1", "tensorboard=false", "algo.es.population=4", "algo.episode_steps=40",
         f"algo.es.noise_size={NOISE_SIZE}", f"seed={SEED}", "algo.reproduce_every=2", "algo.children=2",
         "algo.max_admitted=1", "algo.reproduce_threshold=-1000", "algo.mc_low=-1000", "algo.mc_high=1000",
