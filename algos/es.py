@@ -261,7 +261,8 @@ class ES:
     def state(self) -> tuple[dict, dict]:
         """(arrays, JSON-able values) that restore this optimiser exactly."""
         arrays = dict(theta=self.theta, obs_sum=self.obs_stat.sum, obs_sumsq=self.obs_stat.sumsq)
-        values = dict(obs_count=self.obs_stat.count, rng=self.rng.bit_generator.state, sigma=self.sigma)
+        values = dict(obs_count=self.obs_stat.count, rng=self.rng.bit_generator.state, sigma=self.sigma,
+                      sigma_setting=self.config.sigma)
         if isinstance(self.optimizer, Adam):
             arrays.update(adam_m=self.optimizer.m, adam_v=self.optimizer.v)
             values.update(adam_t=self.optimizer.t)
@@ -280,6 +281,8 @@ class ES:
         else:
             self.optimizer.velocity = arrays["clipup_velocity"]
         self.sigma = float(values.get("sigma", self.config.sigma))  # checkpoints from before the schedule
+        # resumed with another algo.sigma (PBT's explore): the schedule goes on from the same place, rescaled
+        self.sigma *= self.config.sigma / float(values.get("sigma_setting", self.config.sigma))
         self.obs_stat.sum, self.obs_stat.sumsq = arrays["obs_sum"], arrays["obs_sumsq"]
         self.obs_stat.count = values["obs_count"]
         self.rng.bit_generator.state = values["rng"]
@@ -342,7 +345,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     adaptive = algo.episode_steps_growth > 1
     episode_cap = algo.episode_steps if adaptive else None
 
-    loop = TrainingLoop(run, algo, algo.iterations)
+    loop = TrainingLoop(run, algo, algo.iterations, until_timesteps=cfg.until_timesteps)
     checkpoint = loop.resume(lambda arrays, values: check_checkpoint(arrays, values, es.theta.size,
                                                                      es.obs_stat.sum.shape, algo.optimizer, adaptive))
     if checkpoint is not None:
@@ -455,4 +458,10 @@ def load_policy(config: dict, arrays: dict, values: dict) -> LoadedPolicy:
 ALGORITHM = Algorithm(
     name="es", config=Config, check_settings=check_settings, train=train, load_policy=load_policy,
     worker_modules=("fiberrl.algos.es_workers",),
-    resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}))
+    resume_may_change=frozenset({"iterations", "total_timesteps", "checkpoint_every", "stop_reward", "chunksize"}),
+    # Adam's (or ClipUp's) step size is read from the settings, not the checkpoint; a new sigma rescales the
+    # schedule's current one (ES.restore)
+    tunable=frozenset({"sigma", "learning_rate"}),
+    mutations={"sigma": "tag(log, interval(0.002, 0.5))", "learning_rate": "tag(log, interval(1e-4, 0.2))"},
+    metrics=frozenset({"reward_mean", "reward_max", "reward_min", "master_s", "grad_norm", "theta_norm",
+                       "episodes", "episode_cap", "at_cap_share"}))

@@ -361,7 +361,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         store = server.ParamStore()
         pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
         master = Master(pool, store, algo, rng)
-        loop = TrainingLoop(run, algo, algo.iterations)
+        loop = TrainingLoop(run, algo, algo.iterations, until_timesteps=cfg.until_timesteps)
         checkpoint = loop.resume(lambda arrays, values: check_checkpoint(arrays, values, first.es.theta.size,
                                                                          obs_shape, algo.es.optimizer))
         if checkpoint is not None:

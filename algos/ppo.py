@@ -334,7 +334,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
     learner = Learner(agent, algo, num_envs, observation_space.shape, cfg.seed, device)
     optimizer = learner.optimizer
 
-    loop = TrainingLoop(run, algo, num_updates)
+    loop = TrainingLoop(run, algo, num_updates, until_timesteps=cfg.until_timesteps)
     saved = loop.resume(lambda arrays, values: checkpoint.check(arrays, values, learner, num_envs))
     restored = checkpoint.restore(*saved, learner) if saved is not None else None
     envs = make_envs(cfg, spec, restored and restored.history, restored and restored.generations)
@@ -352,8 +352,9 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
             checkpoint.restore_pending(rollouts.restore_pending(loop.start), *saved)
         for update in loop:
             t0 = time.perf_counter()
-            if algo.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - update / num_updates) * algo.learning_rate
+            # set at every update: a resume may give another learning rate than the optimizer's state holds (PBT)
+            optimizer.param_groups[0]["lr"] = algo.learning_rate * ((1.0 - update / num_updates) if algo.anneal_lr
+                                                                    else 1.0)
             rollout = rollouts.next(update)
             t_rollout = time.perf_counter() - t0
             loop.timesteps += batch_size
@@ -431,4 +432,14 @@ ALGORITHM = Algorithm(
     resume_may_change=frozenset({"checkpoint_every", "eval_every", "eval_episodes", "eval_deterministic",
                                  "stop_reward", "env_timeout"}),
     app_resume_may_change=RESUME_MAY_CHANGE - {"workers"},  # workers sets the number of envs
+    # each is read afresh at every update
+    tunable=frozenset({"learning_rate", "ent_coef", "clip_coef", "gae_lambda", "vf_coef", "max_grad_norm",
+                       "update_epochs", "target_kl"}),
+    mutations={"learning_rate": "tag(log, interval(1e-5, 1e-2))", "ent_coef": "interval(0.0, 0.05)",
+               "clip_coef": "interval(0.05, 0.5)", "gae_lambda": "interval(0.8, 1.0)"},
+    metrics=frozenset({"rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s", "rollout_inference_s",
+                       "charts/SPS", "charts/learning_rate", "charts/episodic_return", "charts/episodic_length",
+                       "charts/episodes", "charts/env_server_restarts", "losses/value_loss", "losses/policy_loss",
+                       "losses/entropy", "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac",
+                       "losses/explained_variance"}),
     takes_atari=True, has_env_servers=True)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # algo=<name> -> the module whose ALGORITHM record it is
 ALGORITHMS = {"es": "fiberrl.algos.es", "ppo": "fiberrl.algos.ppo", "poet": "fiberrl.algos.poet"}
 
 # top-level settings that do not change what a run computes, unless an algorithm says otherwise
-RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard"})
+RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard", "until_timesteps"})
+# what every algorithm's metrics.jsonl rows hold (fiberrl.training.TrainingLoop.end)
+LOOP_METRICS = frozenset({"iteration", "timesteps", "eval_reward", "time_s", "iteration_s"})
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,12 @@ class Algorithm:
     worker_modules: tuple[str, ...]             # what its workers run: local workers are forked with these loaded
     resume_may_change: frozenset[str]           # algo.* settings a resume may change (they change no result)
     app_resume_may_change: frozenset[str] = RESUME_MAY_CHANGE  # the same of the top-level settings
+    # algo.* settings a resume may set anew, which change the run from there on (its hyperparameters): what
+    # Population Based Training (hydra/sweeper=pbt) mutates between a member's intervals
+    tunable: frozenset[str] = frozenset()
+    # PBT's usual mutations of it: setting -> its space, in Hydra's sweep syntax ("tag(log, interval(1e-5, 1e-2))")
+    mutations: dict[str, str] = field(default_factory=dict)
+    metrics: frozenset[str] = frozenset()       # what it logs in metrics.jsonl beside the loop's LOOP_METRICS
     takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
     has_env_servers: bool = False               # steps its envs on env servers, whose engine env.engine picks
 

@@ -103,10 +103,11 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
                          f"hydra.run.dir")
     if cfg.resume is not None and not (Path(cfg.resume) / "checkpoints").is_dir():
         raise UsageError(f"resume={cfg.resume}: not a run directory (it has no checkpoints/)")
-    directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
-                             tensorboard=cfg.tensorboard, defaults=setting_defaults(cfg))
-    from fiberrl.runtime import set_forkserver_preload
     record = algorithm(cfg.algo.name)
+    directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
+                             tensorboard=cfg.tensorboard, defaults=setting_defaults(cfg),
+                             tunable={f"algo.{name}" for name in record.tunable})
+    from fiberrl.runtime import set_forkserver_preload
     # local workers are forked with what they run already imported
     set_forkserver_preload(list(record.worker_modules))
     try:

@@ -73,6 +73,8 @@ class AppConfig:
     seed: int = setting(0, Rule(lambda seed: 0 <= seed < 2**64, "must be an integer in [0, 2**64)"))
     # a run directory to continue: fiberrl.app.run looks for its checkpoints/
     resume: str | None = setting(None, ANY)
+    # pause: checkpoint and end once the run has this many env steps (resume= goes on); None: run to the end
+    until_timesteps: int | None = setting(None, optional(at_least(1), "run to the end"))
     tensorboard: bool = setting(True, ANY)  # also write TensorBoard events
 
 

@@ -2,6 +2,7 @@
 
     python -m fiberrl.plot <run dir or folder of runs>... [-o curves.png]
                            [--metric eval_reward|reward_mean|reward_max|charts/episodic_return]
+    python -m fiberrl.plot <PBT sweep dir> -o pbt.png     (fiberrl.plot_pbt: members, exploits, schedules)
 
 Two panels: the metric against environment timesteps and against wall time.
 Runs whose config.yaml differ only in ``seed`` (and in settings that do not
@@ -262,9 +263,13 @@ def main(argv=None) -> None:
     parser.add_argument("--metric", choices=METRICS, default="eval_reward",
                         help="what to plot (default eval_reward, reward_mean for runs without eval rewards)")
     args = parser.parse_args(argv)
+    from .plot_pbt import PBTPlotError, is_pbt_sweep, plot_pbt
     try:
-        path = plot_runs(args.runs, args.output, args.metric)
-    except PlotError as exc:
+        if len(args.runs) == 1 and is_pbt_sweep(args.runs[0]):
+            path = plot_pbt(args.runs[0], args.output)
+        else:
+            path = plot_runs(args.runs, args.output, args.metric)
+    except (PlotError, PBTPlotError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     print(path)

@@ -138,11 +138,15 @@ class RunDirectory:
     """``fingerprint``: the settings a checkpoint must have been made with to be
     resumed here (those that change the result), as a JSON-able dict;
     ``defaults``: each setting's default, which a checkpoint made before the
-    setting existed is taken to have had."""
+    setting existed is taken to have had; ``tunable``: the settings of the
+    fingerprint (``"algo.learning_rate"``) a resume may set anew, going on
+    with the new value from the checkpoint (what PBT changes), said in a line."""
 
     def __init__(self, path, fingerprint: dict, config_yaml: str | None = None, keep_checkpoints: int = 3,
-                 tensorboard: bool = True, console: Console | None = None, defaults: dict | None = None):
+                 tensorboard: bool = True, console: Console | None = None, defaults: dict | None = None,
+                 tunable: set[str] | frozenset[str] = frozenset()):
         self.path = Path(path)
+        self.tunable = frozenset(tunable)
         self.defaults = flatten(json.loads(json.dumps(defaults or {})))
         self.checkpoints = self.path / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -233,11 +237,17 @@ class RunDirectory:
         for key in ours.keys() - theirs.keys():  # settings newer than the checkpoint: it ran as their defaults do
             if key in self.defaults:
                 theirs[key] = self.defaults[key]
+        retuned = [f"{k}={ours[k]!r} (it ran with {theirs[k]!r})" for k in sorted(self.tunable & theirs.keys())
+                   if k in ours and theirs[k] != ours[k]]
+        for key in self.tunable:
+            theirs.pop(key, None), ours.pop(key, None)
         if theirs != ours:
             diff = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
                     if theirs.get(k) != ours.get(k)]
             raise CheckpointMismatch(f"the checkpoint {path} was made with other settings ({'; '.join(diff)}); "
                                      f"resume with the settings in {self.path / 'config.yaml'} or start a new run")
+        if retuned:
+            self.note(f"going on from {path} with {', '.join(retuned)}")
 
     def save_best(self, arrays: dict, values: dict) -> None:
         save_npz(self.path / "best_policy.npz", arrays, values)

@@ -13,7 +13,8 @@ POET each keep only what is their own::
 saves the best policy when ``eval_reward`` beats it, checkpoints every
 ``algo.checkpoint_every`` iterations, at the last one and when the run stops,
 calls ``on_iteration`` and says whether to stop: ``algo.stop_reward`` reached,
-or the algorithm's own reason.  A checkpoint's values always hold
+the run's ``until_timesteps`` reached (it pauses: a resume goes on from that
+checkpoint, which says ``paused``), or the algorithm's own reason.  A checkpoint's values always hold
 ``iteration``, ``timesteps``, ``time_s`` and ``best``, which ``resume`` reads
 back, so a resumed run goes on counting where the checkpoint left off.
 """
@@ -30,14 +31,15 @@ LOOP_VALUES = ("iteration", "timesteps", "time_s", "best")
 
 
 class TrainingLoop:
-    def __init__(self, run: RunDirectory, algo, iterations: int):
-        self.run, self.algo, self.iterations = run, algo, iterations
+    def __init__(self, run: RunDirectory, algo, iterations: int, until_timesteps: int | None = None):
+        self.run, self.algo, self.iterations, self.until_timesteps = run, algo, iterations, until_timesteps
         self.start, self.timesteps, self.best = 0, 0, -math.inf
         self._elapsed = 0.0                  # seconds the run had trained before this process went on with it
         self._began = self._t0 = self._session_start = time.perf_counter()
         self._session_steps = 0
         self.done, self.eval_reward = 0, None  # iterations run (over all resumes), and the last eval reward
         self.checkpointed = False              # whether the last end() wrote a checkpoint
+        self.paused = False                    # whether it stopped at until_timesteps
 
     def resume(self, check: Callable | None = None) -> tuple[dict, dict] | None:
         """The run directory's newest whole checkpoint, ``check``-ed as ``RunDirectory.resume`` does,
@@ -59,6 +61,11 @@ class TrainingLoop:
     def __iter__(self):
         self._began = time.perf_counter() - self._elapsed
         self._session_start, self._session_steps = time.perf_counter(), self.timesteps
+        if self._until_reached() and self.start < self.iterations:
+            self.paused = True
+            self.run.console.print(f"the run has {self.timesteps:,} env steps, until_timesteps="
+                                   f"{self.until_timesteps:,}: nothing to do until it is resumed with a later one")
+            return
         for iteration in range(self.start, self.iterations):
             self._t0 = time.perf_counter()
             yield iteration
@@ -78,7 +85,8 @@ class TrainingLoop:
             on_iteration: Callable[[], None] | None = None) -> bool:
         """Log ``metrics`` as iteration ``iteration``'s; save ``best()`` (arrays, values) as the best policy when
         ``eval_reward`` beats every earlier one; checkpoint ``state()`` when it is time; call ``on_iteration()``.
-        True when the run stops here: ``algo.stop_reward`` reached, or ``stop`` (the algorithm's own end)."""
+        True when the run stops here: ``algo.stop_reward`` or ``until_timesteps`` reached, or ``stop`` (the
+        algorithm's own end)."""
         now = time.perf_counter()
         metrics = {"iteration": iteration, "timesteps": self.timesteps, **metrics, "eval_reward": eval_reward,
                    "time_s": now - self._began, "iteration_s": now - self._t0}
@@ -91,22 +99,30 @@ class TrainingLoop:
         stop_reward = getattr(self.algo, "stop_reward", None)
         solved = stop_reward is not None and eval_reward is not None and eval_reward >= stop_reward
         last = iteration + 1 == self.iterations
+        self.paused = not (last or solved or stop) and self._until_reached()
         self.checkpointed = state is not None and ((iteration + 1) % self.algo.checkpoint_every == 0 or last
-                                                   or solved or stop)
+                                                   or solved or stop or self.paused)
         if self.checkpointed:
             arrays, values = state()
-            values.update(iteration=iteration, timesteps=self.timesteps, time_s=metrics["time_s"], best=self.best)
+            values.update(iteration=iteration, timesteps=self.timesteps, time_s=metrics["time_s"], best=self.best,
+                          paused=self.paused)
             self.run.save_checkpoint(iteration, arrays, values)
         if on_iteration is not None:
             on_iteration()
         if solved:
             self.run.console.print(f"eval reward {eval_reward:.1f} reached algo.stop_reward={stop_reward}")
-        return solved or stop
+        if self.paused:
+            self.run.console.print(f"paused at {self.timesteps:,} env steps (until_timesteps="
+                                   f"{self.until_timesteps:,}); resume={self.run.path} goes on")
+        return solved or stop or self.paused
+
+    def _until_reached(self) -> bool:
+        return self.until_timesteps is not None and self.timesteps >= self.until_timesteps
 
     def summary(self, **more) -> dict:
         """What ``train`` returns: the loop's counters and the algorithm's ``more``."""
         return dict(iterations=self.done, timesteps=self.timesteps, eval_reward=self.eval_reward,
-                    best_eval_reward=self.best, **more)
+                    best_eval_reward=self.best, paused=self.paused, **more)
 
     def progress_line(self, metrics: dict) -> str:
         return progress_line(metrics, self.iterations)

@@ -84,6 +84,7 @@ class FiberrlLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
         self.runs: list[Run] = []  # every batch's, for sweep.csv
+        self.at_once = 1
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -98,43 +99,108 @@ class FiberrlLauncher(Launcher):
         self.next_steps = hooks.get("next_steps")
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        setup_globals()
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        labels = _labels(job_overrides)
         try:
-            self._check_settings()
-            self._check_sweep_dir(sweep_dir)
-            labels = _labels(job_overrides)
-            batch = [self._plan(initial_job_idx + i, list(overrides), labels[i])
+            self.open(len(job_overrides))
+            batch = [self.plan(initial_job_idx + i, list(overrides), labels[i])
                      for i, overrides in enumerate(job_overrides)]
-            self._configure_runtime()
-            at_once = self._runs_at_once(len(batch))
         except SweepError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create({"task": list(self._sweep_overrides())}), sweep_dir / SWEEP_RECORD)
-        self.runs.extend(batch)
-        log.info(f"Launching {len(batch)} jobs, {at_once} at a time, on the {self._backend_name()} backend")
+        log.info(f"Launching {len(batch)} jobs, {self.at_once} at a time, on the {self._backend_name()} backend")
         for run in batch:
             log.info(f"\t#{run.num} : {' '.join(filter_overrides(run.overrides))}"
                      + (" (done earlier)" if run.state == "done" else ""))
-        table = SweepTable(self.runs, sweep_dir, self.table_mode)
         try:
-            self._run_all(batch, at_once, table)
-        except BaseException:
-            self._stop(batch)
-            raise
+            for run in batch:
+                self.submit(run)
+            while self.busy():
+                self.poll()
         finally:
-            table.close()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+            self.close()
         self._report_failures(batch)
         print(f"sweep: {sweep_dir} ({len(self.runs)} runs; each run's folder and its result in "
               f"{sweep_dir / 'sweep.csv'})", flush=True)
         for line in self.next_steps(sweep_dir) if self.next_steps is not None else ():
             print(line, flush=True)
         return [run.result for run in batch]
+
+    # --- for a sweeper that starts runs as others end (hydra/sweeper=pbt) ------------------------
+    # open(); plan() and submit() runs, poll() for those that ended, while busy(); close() (it stops
+    # every run still going: Ctrl-C, an error)
+    def open(self, runs: int) -> None:
+        """Check the settings, set up the runtime, and keep the sweep's record; ``runs``: how many may
+        go at once at most (the batch, the population). Raises SweepError."""
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        self._check_settings()
+        self._check_sweep_dir(sweep_dir)
+        self._configure_runtime()
+        self.at_once = self._runs_at_once(runs)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create({"task": list(self._sweep_overrides())}), sweep_dir / SWEEP_RECORD)
+        # a run's math libraries (torch, numpy) use as many threads as it has cores (cpu), unless the user set
+        # them: runs side by side would each start a thread per core of the machine, and those spin waiting
+        # on one another (joblib's loky caps its workers' threads alike); the jobs inherit them
+        threads = str(max(1, int(self.resources.get("cpu") or 1)))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, threads)
+        from fiberrl.runtime import set_forkserver_preload
+        # local run jobs are forked with the app and Hydra's job machinery already imported
+        set_forkserver_preload(sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
+                                       getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"}))
+        # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
+        self._hydra_state = Singleton.get_state()
+        self._waiting, self._running = deque(), []
+        self._table = SweepTable(self.runs, sweep_dir, self.table_mode)
+
+    def submit(self, run: Run) -> None:
+        """Start ``run`` when fewer than ``at_once`` are going; one done earlier is only recorded."""
+        if run not in self.runs:
+            self.runs.append(run)
+        if run.state != "done":
+            self._waiting.append(run)
+        self._table.changed(run)
+
+    def busy(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def poll(self, timeout: float = 0.5) -> list[Run]:
+        """Start what may start, wait up to ``timeout`` s, and return the runs that ended since (done or
+        failed; a run whose job died and has tries left is started again instead)."""
+        try:
+            while self._waiting and len(self._running) < self.at_once:
+                run = self._waiting.popleft()
+                self._start(run)
+                self._running.append(run)
+                self._table.changed(run)
+            ended = []
+            if self._running:
+                wait([run.process.sentinel for run in self._running], timeout=timeout)
+            for run in [run for run in self._running if run.process.exitcode is not None]:
+                self._running.remove(run)
+                self._ended(run)
+                if run.state == "retrying":
+                    self._waiting.appendleft(run)
+                else:
+                    ended.append(run)
+                self._table.changed(run)
+            self._table.refresh()
+            return ended
+        except BaseException:
+            self._stop(self._running)
+            raise
+
+    def close(self) -> None:
+        """Stop every run still going, and write the table."""
+        try:
+            self._stop(self._running)
+        finally:
+            self._table.close()
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
 
     # --- before anything starts -----------------------------------------------------------------
     def _check_settings(self) -> None:
@@ -160,10 +226,14 @@ class FiberrlLauncher(Launcher):
             raise SweepError(f"{sweep_dir} holds another sweep ({' '.join(before) or 'no overrides'}); choose "
                              f"another hydra.sweep.dir, or run that sweep's own command to resume it")
 
-    def _plan(self, num: int, overrides: list[str], label: str) -> Run:
-        """The run's config, composed and checked; its folder, checked to be this run's; what it
-        already did there (a finished run keeps its result, an unfinished one resumes)."""
+    def plan(self, num: int, overrides: list[str], label: str, subdir: Optional[str] = None) -> Run:
+        """Job ``num``'s config, composed and checked; its folder (``subdir`` of the sweep's, or
+        ``hydra.sweep.subdir``), checked to be this run's; what it already did there (a finished run keeps
+        its result, an unfinished one resumes). Raises SweepError."""
         config = self._compose(num, overrides)
+        if subdir is not None:
+            with read_write(config.hydra), open_dict(config):
+                config.hydra.sweep.subdir = subdir
         folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         run = Run(num, overrides, label, config, folder, self._fingerprint(config))
         if self.check:
@@ -181,6 +251,19 @@ class FiberrlLauncher(Launcher):
             earlier.hydra_cfg = earlier.hydra_cfg or config
             run.state, run.result = "done", earlier
         return run
+
+    def check_overrides(self, overrides: list[str]) -> None:
+        """Compose a run of ``overrides`` and check it as every run is checked; raises SweepError."""
+        try:
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        except Exception as exc:
+            raise SweepError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
+        if self.check:
+            check = _hook("check", self.check)
+            try:
+                check(_without_hydra(config))
+            except Exception as exc:
+                raise SweepError(str(exc)) from None
 
     def _fingerprint(self, config: DictConfig) -> str:
         """What a run's result follows from: the task's code and the run's settings. A sweep run again
@@ -265,31 +348,6 @@ class FiberrlLauncher(Launcher):
         return max(1, int(min(fit)))
 
     # --- running --------------------------------------------------------------------------------
-    def _run_all(self, batch: list[Run], at_once: int, table: SweepTable) -> None:
-        from fiberrl.runtime import set_forkserver_preload
-        # local run jobs are forked with the app and Hydra's job machinery already imported
-        set_forkserver_preload(sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
-                                       getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"}))
-        # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
-        self._hydra_state = Singleton.get_state()
-        waiting = deque(run for run in batch if run.state != "done")
-        running: list[Run] = []
-        table.refresh()
-        while waiting or running:
-            while waiting and len(running) < at_once:
-                run = waiting.popleft()
-                self._start(run)
-                running.append(run)
-                table.changed(run)
-            wait([run.process.sentinel for run in running], timeout=0.5)
-            for run in [run for run in running if run.process.exitcode is not None]:
-                running.remove(run)
-                self._ended(run)
-                if run.state == "retrying":
-                    waiting.appendleft(run)
-                table.changed(run)
-            table.refresh()
-
     def _start(self, run: Run) -> None:
         import fiberrl.runtime as mp
         config = run.config
@@ -344,12 +402,12 @@ class FiberrlLauncher(Launcher):
                                working_dir=str(run.folder), status=JobStatus.FAILED,
                                _return_value=RunLost(f"job #{run.num}: {run.why}"))
 
-    def _stop(self, batch: list[Run]) -> None:
+    def _stop(self, runs: list[Run]) -> None:
         """Ctrl-C or an error here: every run's job ends (the runtime ends each job's own)."""
-        for run in batch:
+        for run in runs:
             if run.process is not None and run.state == "running":
                 run.process.kill()
-        for run in batch:
+        for run in runs:
             if run.process is not None and run.state == "running":
                 run.process.join(10)
 

@@ -1,0 +1,178 @@
+"""Population Based Training of PPO on BipedalWalker-v3, from deliberately poor starting values
+(learning rate 3e-3, entropy coefficient 0.02, clip 0.4, GAE lambda 0.8; the preset has 3e-4, 0, 0.18,
+0.95), at a budget this machine affords:
+
+- (a) ``pbt``: fiberrl's ``hydra/sweeper=pbt`` mutating PPO's usual set (those four settings);
+- (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
+  ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
+- (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
+  trainable (``pbt_ray_peer.py``, in ``--ray-python``: Ray is not a project dependency), with the same
+  population, interval, quantile, mutations and metric.
+
+Every member runs ``+experiment=ppo_bipedal_walker`` with a smaller batch (2 env servers of 8 envs,
+512 steps each: 8,192 env steps an update, minibatches of 64), evaluated (3 episodes on its mean
+action) every 4 updates; members are ranked by the mean of their last 3 evaluations.  All members of
+a sweep run at the same time.  Per sweep: the best member (by that ranking) evaluated over
+``--eval-episodes`` episodes (episode i reset with seed 10,000 + i), the population's mean of the
+ranking metric at the end, and the sweep's wall time.  Sweeps run one after another, seed by seed,
+in the order pbt, independent, ray; a sweep whose result is in OUT/results.json is kept, a fiberrl
+sweep cut short is resumed by its own command, a Ray sweep cut short starts again.
+
+    python experiments/learning/bench_pbt.py --out experiments/results/pbt_bipedal/<date> \\
+        --ray-python /tmp/venv-ray/bin/python
+    python experiments/learning/bench_pbt.py --out /tmp/pbt_smoke --member-steps 32768 --interval 16384 \\
+        --seeds 0 --eval-episodes 2                                              # a smoke test
+
+Flags: --seeds (default 0 1), --population (4), --member-steps (600,000 env steps each), --interval
+(98,304 = 12 updates), --which (pbt independent ray), --eval-episodes (100), --ray-python (default:
+this interpreter; without Ray the peer is skipped with the reason).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peer_python import missing_imports  # noqa: E402
+
+EVAL_SEED = 10_000
+WINDOW = 3
+QUANTILE = 0.25
+POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
+
+
+def fixed(member_steps: int) -> list[str]:
+    return ["+experiment=ppo_bipedal_walker", "algo.envs_per_worker=8", "algo.num_steps=512",
+            "algo.num_minibatches=128", "algo.eval_every=4", "algo.eval_episodes=3",
+            f"algo.total_timesteps={member_steps}", "tensorboard=false"]
+
+
+def poor() -> list[str]:
+    return [f"{key}={value}" for key, value in POOR.items()]
+
+
+def run_pbt(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+    command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args.member_steps), *poor(),
+               f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
+               f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
+               f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
+               f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
+    wall = _timed(command, folder.parent / f"{folder.name}.log")
+    members = []
+    events = [json.loads(line) for line in (folder / "pbt.jsonl").read_text().splitlines() if line.strip()]
+    for member in range(args.population):
+        ended = [e for e in events if e["event"] == "ended" and e["member"] == member]
+        last = ended[-1]
+        segment = next(e for e in events if e["event"] == "segment" and e["member"] == member
+                       and e["segment"] == last["segment"])
+        members.append((folder / segment["folder"], last["score"]))
+    return members, wall
+
+
+def run_independent(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+    seeds = ",".join(str(100 * seed + i) for i in range(args.population))
+    command = [sys.executable, "-m", "fiberrl", "-m", *fixed(args.member_steps), *poor(), f"seed={seeds}",
+               f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=member_${hydra.job.num}",
+               f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
+    wall = _timed(command, folder.parent / f"{folder.name}.log")
+    members = []
+    for member in range(args.population):
+        run_dir = folder / f"member_{member}"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        evals = [r["eval_reward"] for r in rows if isinstance(r.get("eval_reward"), (int, float))]
+        members.append((run_dir, statistics.mean(evals[-WINDOW:])))
+    return members, wall
+
+
+def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+    command = [args.ray_python, str(Path(__file__).with_name("pbt_ray_peer.py")), "--out", str(folder),
+               "--seed", str(seed), "--population", str(args.population), "--interval", str(args.interval),
+               "--quantile", str(QUANTILE), "--window", str(WINDOW)]
+    command += [f"--set={o}" for o in fixed(args.member_steps)] + [f"--start={o}" for o in poor()]
+    wall = _timed(command, folder.parent / f"{folder.name}.log")
+    result = json.loads((folder / "ray_results.json").read_text())
+    failed = [t["error"] for t in result["trials"] if t["error"]]
+    if failed:
+        raise SystemExit(f"Ray's sweep in {folder}: {len(failed)} trials failed, the first: {failed[0]}")
+    return [(Path(t["run_dir"]), t["score"]) for t in result["trials"]], wall
+
+
+def _timed(command: list[str], log: Path) -> float:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    with open(log, "a") as fh:
+        done = subprocess.run(command, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:6])}... failed (exit {done.returncode}); its output: {log}")
+    return time.perf_counter() - began
+
+
+def evaluate_best(members: list[tuple[Path, float]], episodes: int) -> dict:
+    from fiberrl.evaluate import evaluate
+    best_dir, best_score = max(members, key=lambda m: m[1])
+    returns = [r for r, _ in evaluate(best_dir, episodes=episodes, seed=EVAL_SEED, which="latest")]
+    return {"best_dir": str(best_dir), "best_ranked_by": best_score, "best_final": statistics.mean(returns),
+            "best_final_std": statistics.pstdev(returns), "episodes": len(returns),
+            "population_mean": statistics.mean(score for _, score in members),
+            "members": [score for _, score in members]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--population", type=int, default=4)
+    parser.add_argument("--member-steps", type=int, default=600_000)
+    parser.add_argument("--interval", type=int, default=98_304)
+    parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
+                        choices=["pbt", "independent", "ray"])
+    parser.add_argument("--eval-episodes", type=int, default=100)
+    parser.add_argument("--ray-python", default=sys.executable)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    kinds = {"pbt": run_pbt, "independent": run_independent, "ray": run_ray}
+    if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
+        print(f"the Ray peer is skipped: {why}", flush=True)
+        args.which = [k for k in args.which if k != "ray"]
+    for seed in args.seeds:
+        for kind in args.which:
+            key = f"{kind}/seed{seed}"
+            if key in results:
+                continue
+            print(f"{key}: running", flush=True)
+            members, wall = kinds[kind](args, seed, args.out / kind / f"seed{seed}")
+            results[key] = dict(evaluate_best(members, args.eval_episodes), wall_s=wall)
+            results_path.write_text(json.dumps(results, indent=1))
+            r = results[key]
+            print(f"{key}: best {r['best_final']:.1f} over {r['episodes']} episodes, "
+                  f"population {r['population_mean']:.1f}, {wall / 60:.1f} min", flush=True)
+    report(results, args)
+
+
+def report(results: dict, args) -> None:
+    print(f"\nPPO on BipedalWalker-v3, {args.population} members x {args.member_steps:,} env steps, from poor "
+          f"starting values; best member over {args.eval_episodes} episodes")
+    print(f"{'sweep':<22}{'best member':>14}{'population mean':>18}{'wall (min)':>12}")
+    for key, r in sorted(results.items()):
+        print(f"{key:<22}{r['best_final']:>14.1f}{r['population_mean']:>18.1f}{r['wall_s'] / 60:>12.1f}")
+    for kind in ("independent", "ray"):
+        pairs = [(results[f"pbt/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
+                 if f"pbt/seed{s}" in results and f"{kind}/seed{s}" in results]
+        if pairs:
+            better = statistics.mean(a["best_final"] - b["best_final"] for a, b in pairs)
+            print(f"pbt vs {kind}: best member {better:+.1f}, "
+                  f"wall time {statistics.mean(a['wall_s'] / b['wall_s'] for a, b in pairs):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

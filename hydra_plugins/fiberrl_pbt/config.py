@@ -1,0 +1,33 @@
+"""The PBT sweeper's settings, ``hydra.sweeper.*`` (``hydra/sweeper=pbt``)."""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class PBTSweeperConf:
+    _target_: str = "hydra_plugins.fiberrl_pbt.sweeper.PBTSweeper"
+    population: int = 4               # members, training at the same time (as the launcher fits them)
+    interval: int = 100_000           # env steps between a member's ready points
+    burn_in: int = 0                  # env steps before a member may exploit another
+    # what ranks members: a metric of the algorithm's metrics.jsonl, its mean over a member's last
+    # `window` values, and whether more (max) or less (min) is better
+    metric: str = "eval_reward"
+    mode: str = "max"
+    window: int = 3
+    quantile: float = 0.25            # a ready member in the bottom quantile copies one of the top quantile
+    # the mutations, as Hydra's sweepers take their search spaces: setting -> a space in sweep syntax
+    # ("tag(log, interval(1e-5, 1e-2))", "choice(0.9, 0.95)", "range(1, 11)") or {space: ..., resample: p,
+    # factors: [..]}; a sweep override on the command line (algo.clip_coef='interval(0.1,0.3)') is one too.
+    # None of either: the algorithm's usual set (fiberrl.algorithm.Algorithm.mutations)
+    params: Dict[str, Any] = field(default_factory=dict)
+    resample_probability: float = 0.25  # an explored setting is resampled from its space, else perturbed
+    perturb_factors: List[float] = field(default_factory=lambda: [0.8, 1.2])
+    sample_initial: bool = False      # members start at values sampled from the spaces, not the config's
+    synchronous: bool = False         # generational: every member waits for the others at each interval
+    seed: Optional[int] = None        # of PBT's own choices; None: the config's seed
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="pbt", node=PBTSweeperConf, provider="fiberrl")

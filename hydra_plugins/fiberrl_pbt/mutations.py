@@ -1,0 +1,105 @@
+"""What PBT may do to one setting: its space, in Hydra's sweep syntax (``interval(0.05, 0.5)``,
+``tag(log, interval(1e-5, 1e-2))``, ``choice(0.9, 0.95, 0.99)``, ``range(1, 11)``), how it is perturbed
+(multiplied by one of ``factors``, kept in the space; a choice moves to a neighbour) and how often it is
+resampled from the space instead (``resample``), as Jaderberg et al.'s and Ray Tune's PBT explore."""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+
+class MutationError(ValueError):
+    """A mutation that cannot be: the message says which and why, in one line."""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    key: str                          # the setting, "algo.learning_rate"
+    low: float | None = None          # an interval's bounds
+    high: float | None = None
+    log: bool = False                 # resampled log-uniformly
+    choices: tuple = ()               # or the values it may take, in order
+    resample: float = 0.25
+    factors: tuple[float, ...] = (0.8, 1.2)
+    integer: bool = False             # the setting holds an int
+
+    def describe(self) -> str:
+        space = (f"{'log ' if self.log else ''}[{_short(self.low)}, {_short(self.high)}]" if not self.choices
+                 else "{" + ", ".join(map(_short, self.choices)) + "}")
+        return f"{self.key} in {space}"
+
+    def sample(self, rng) -> Any:
+        if self.choices:
+            return self.choices[int(rng.integers(len(self.choices)))]
+        if self.log:
+            value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        else:
+            value = rng.uniform(self.low, self.high)
+        return self._fit(value)
+
+    def explore(self, value, rng) -> Any:
+        """``value`` perturbed, or resampled with probability ``resample``."""
+        if rng.random() < self.resample:
+            return self.sample(rng)
+        if self.choices:
+            if value not in self.choices:
+                return self.sample(rng)
+            index = self.choices.index(value) + (1 if rng.random() < 0.5 else -1)
+            return self.choices[min(max(index, 0), len(self.choices) - 1)]
+        return self._fit(value * self.factors[int(rng.integers(len(self.factors)))])
+
+    def _fit(self, value: float):
+        value = min(max(value, self.low), self.high)
+        # 6 significant digits: the value goes on a command line and into pbt.jsonl as it is
+        return int(round(value)) if self.integer else float(f"{value:.6g}")
+
+
+def parse(key: str, spec: Any, resample: float, factors, integer: bool) -> Mutation:
+    """A mutation from ``spec``: a space in Hydra's sweep syntax, or a mapping ``{space: ..., resample: p,
+    factors: [..]}`` for this setting's own resample probability and factors. Raises MutationError."""
+    if isinstance(spec, dict) or hasattr(spec, "keys"):
+        extra = set(spec.keys()) - {"space", "resample", "factors"}
+        if extra or "space" not in spec:
+            raise MutationError(f"{key}: give a space in Hydra's sweep syntax, or {{space: ..., resample: p, "
+                                f"factors: [..]}} (it has {', '.join(sorted(map(str, spec.keys()))) or 'nothing'})")
+        resample = spec.get("resample", resample)
+        factors = spec.get("factors", factors)
+        spec = spec["space"]
+    if not isinstance(resample, (int, float)) or not 0 <= resample <= 1:
+        raise MutationError(f"{key}: resample probability {resample!r} must be in [0, 1]")
+    factors = tuple(factors)
+    if not factors or any(not isinstance(f, (int, float)) or f <= 0 for f in factors):
+        raise MutationError(f"{key}: perturbation factors {list(factors)} must be positive numbers, at least one")
+    try:
+        override = OverridesParser.create().parse_overrides([f"{key}={spec}"])[0]
+    except Exception as exc:
+        raise MutationError(f"{key}={spec}: not a space in Hydra's sweep syntax ({str(exc).splitlines()[0]}); "
+                            f"e.g. interval(0.1, 0.3), tag(log, interval(1e-5, 1e-2)), choice(0.9, 0.99)") from None
+    space = override.value()
+    if not override.is_sweep_override():
+        raise MutationError(f"{key}={spec}: one value is no space to mutate in; give interval(low, high), "
+                            f"choice(a, b, ...) or range(start, stop)")
+    if isinstance(space, IntervalSweep):
+        low, high = float(space.start), float(space.end)
+        if not low < high:
+            raise MutationError(f"{key}={spec}: an empty range (its low end must be below its high end)")
+        log = "log" in space.tags
+        if log and low <= 0:
+            raise MutationError(f"{key}={spec}: a log-scaled range must lie above 0")
+        return Mutation(key, low, high, log=log, resample=resample, factors=factors, integer=integer)
+    if isinstance(space, RangeSweep):
+        choices = tuple(override.sweep_iterator())
+    elif isinstance(space, ChoiceSweep):
+        choices = tuple(space.list)
+    else:
+        raise MutationError(f"{key}={spec}: give interval(...), choice(...) or range(...)")
+    if not choices:
+        raise MutationError(f"{key}={spec}: an empty range (it holds no value)")
+    return Mutation(key, choices=choices, resample=resample, factors=factors, integer=integer)
+
+
+def _short(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

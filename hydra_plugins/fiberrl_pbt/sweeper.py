@@ -1,0 +1,467 @@
+"""``hydra/sweeper=pbt``: Population Based Training (Jaderberg et al. 2017) of a fiberrl algorithm.
+
+``population`` members train at the same time, each a run of ``python -m fiberrl`` that pauses every
+``interval`` env steps (``until_timesteps``). A paused member is ready: ranked by its metric against
+the others' latest, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
+a top-quantile member's (weights, optimizer, normalisers, env states, counters: what an exact resume
+restores) with that member's settings explored (perturbed or resampled). Each stretch a member runs
+between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``) in
+``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
+
+Asynchronous by default (a ready member never waits); ``synchronous=true`` is generational. Every
+decision is appended to ``pbt.jsonl`` before it is acted on, so a sweep killed and run again on the
+same folder replays it and goes on; the launcher retries a segment whose job died from its own last
+checkpoint. Only settings the algorithm declares tunable (``Algorithm.tunable``) may be mutated.
+"""
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from fiberrl.algorithm import LOOP_METRICS, algorithm
+from fiberrl.run import CHECKPOINT, DamagedFile, atomic_write, load_npz, metrics_row, upgrade_checkpoint
+
+from ..fiberrl_launcher.launcher import FiberrlLauncher, SweepError
+from .mutations import Mutation, MutationError, parse
+from .population import Member, Segment, choose_donor, ranking
+
+log = logging.getLogger(__name__)
+LINEAGE = "pbt.jsonl"
+
+
+class PBTError(Exception):
+    """Bad input, found before any member started: one line that says what and what to do."""
+
+
+class PBTSweeper(Sweeper):
+    def __init__(self, population: int, interval: int, burn_in: int, metric: str, mode: str, window: int,
+                 quantile: float, params: Any, resample_probability: float, perturb_factors: Any,
+                 sample_initial: bool, synchronous: bool, seed: Optional[int]) -> None:
+        self.population, self.interval, self.burn_in = population, interval, burn_in
+        self.metric, self.mode, self.window, self.quantile = metric, mode, window, quantile
+        self.params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params or {})
+        self.resample_probability, self.perturb_factors = resample_probability, list(perturb_factors)
+        self.sample_initial, self.synchronous, self.seed = sample_initial, synchronous, seed
+        self.launcher: Any = None
+        self.members: list[Member] = []
+        self._next_job = 0
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    # --- the sweep ------------------------------------------------------------------------------
+    def sweep(self, arguments: list[str]) -> Any:
+        self.sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        try:
+            self._prepare(arguments)
+            self.launcher.open(self.population)
+            resumed = self._replay()
+        except (PBTError, SweepError, MutationError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(self._first_line(resumed), flush=True)
+        self._started = time.time()
+        self._pending: dict[Any, Segment] = {}
+        try:
+            for member in self.members:
+                if not member.segments:
+                    self._begin(member)
+                elif member.current.state == "running":
+                    self._launch(member.current)
+            if not self.synchronous:
+                for member in self.members:  # ready before the sweep was stopped, not yet decided on
+                    if member.current.state == "ended" and member.current.paused:
+                        self._go_on(member)
+            self._run()
+        finally:
+            self.launcher.close()
+        return self._report()
+
+    def _run(self) -> None:
+        while True:
+            if self.synchronous and not self._pending:
+                waiting = [m for m in self.members if m.current.state == "ended" and m.current.paused]
+                for member in waiting:  # a generation's decisions, in member order: reproducible
+                    self._go_on(member)
+            if not self._pending and not self.launcher.busy():
+                return
+            for run in self.launcher.poll():
+                self._ended(self._pending.pop(id(run)), run)
+
+    def _begin(self, member: Member) -> None:
+        rng = self._rng(member.index, 0)
+        settings = {m.key: (m.sample(rng) if self.sample_initial else self.start[m.key]) for m in self.mutations}
+        segment = Segment(member.index, 0, self._job(), self._folder(member.index, 0), self.base_seed + member.index,
+                          settings, until=self.interval)
+        member.segments.append(segment)
+        self._record({"event": "segment", **self._segment_record(segment)})
+        self._launch(segment)
+
+    def _launch(self, segment: Segment) -> None:
+        overrides = self.fixed + [f"seed={segment.seed}"] + [f"{k}={_value(v)}" for k, v in segment.settings.items()]
+        overrides.append(f"until_timesteps={segment.until}")
+        label = f"member {segment.member}: " + " ".join(f"{k.split('.')[-1]}={_value(v)}"
+                                                         for k, v in segment.settings.items())
+        run = self.launcher.plan(segment.job, overrides, label, subdir=str(segment.folder.relative_to(self.sweep_dir)))
+        self.launcher.submit(run)
+        if run.state == "done":  # the sweep ran it before it was stopped
+            self._ended(segment, run)
+        else:
+            self._pending[id(run)] = segment
+
+    def _ended(self, segment: Segment, run) -> None:
+        member = self.members[segment.member]
+        if run.state == "failed":
+            segment.state, segment.why = "failed", run.why
+            self._record({"event": "failed", "member": segment.member, "segment": segment.index, "why": run.why})
+            print(f"pbt: member {segment.member} failed ({run.why}); the others go on", flush=True)
+            return
+        segment.values = self._metric_values(segment.folder)
+        segment.checkpoint, values = self._last_checkpoint(segment)
+        segment.timesteps = values.get("timesteps", self._last_timesteps(segment.folder))
+        segment.paused = bool(values.get("paused", segment.checkpoint is None))
+        segment.state = "ended"
+        self._record({"event": "ended", "member": segment.member, "segment": segment.index,
+                      "timesteps": segment.timesteps, "score": segment.score(self.window), "values": segment.values,
+                      "checkpoint": segment.checkpoint, "paused": segment.paused})
+        if not segment.paused:
+            print(f"pbt: member {member.index} finished at {segment.timesteps:,} env steps, "
+                  f"{self.metric} {_score(segment.score(self.window))}", flush=True)
+        elif not self.synchronous:
+            self._go_on(member)
+
+    def _go_on(self, member: Member) -> None:
+        """A ready member's next segment: from its own checkpoint, or a top member's, explored."""
+        current = member.current
+        rng = self._rng(member.index, current.index + 1)
+        damaged = self._damage(current)
+        donor = None
+        if damaged or current.timesteps >= self.burn_in:
+            while True:  # a donor whose checkpoint was damaged since it ended is passed over
+                donor = choose_donor(member, self.members, self.window, self.mode == "max", self.quantile, rng,
+                                     must=damaged)
+                if donor is None:
+                    break
+                donor_damage = self._damage(donor.latest)
+                if not donor_damage:
+                    break
+                print(f"pbt: member {donor.index}'s checkpoint is damaged ({donor_damage}); member {member.index} "
+                      f"copies another", flush=True)
+        if damaged and donor is None:
+            current.state = "failed"
+            current.why = f"its checkpoint is damaged ({damaged}) and no member has one to copy"
+            self._record({"event": "failed", "member": member.index, "segment": current.index, "why": current.why})
+            print(f"pbt: member {member.index} stops: {current.why}", flush=True)
+            return
+        source = donor.latest if donor is not None else current
+        settings = dict(source.settings)
+        events = []
+        if donor is not None:
+            settings = {m.key: m.explore(settings[m.key], rng) for m in self.mutations}
+            if damaged:
+                print(f"pbt: member {member.index}'s checkpoint is damaged ({damaged}); it goes on from a copy of "
+                      f"member {donor.index}'s", flush=True)
+            events.append({"event": "exploit", "time": time.time(), "elapsed_s": round(time.time() - self._started, 3),
+                           "timesteps": current.timesteps, "from_timesteps": source.timesteps,
+                           "from": donor.index, "to": member.index, "from_score": source.score(self.window),
+                           "to_score": current.score(self.window), "old": current.settings, "new": settings,
+                           "checkpoint": source.checkpoint, "damaged": damaged or None})
+        segment = Segment(member.index, current.index + 1, self._job(), self._folder(member.index, current.index + 1),
+                          source.seed, settings, until=source.timesteps + self.interval, start_from=source.checkpoint,
+                          carried=source.history(self.window))
+        self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
+        member.segments.append(segment)
+        self._record(*events, {"event": "segment", **self._segment_record(segment)})
+        self._launch(segment)
+
+    # --- before anything starts ------------------------------------------------------------------
+    def _prepare(self, arguments: list[str]) -> None:
+        if not isinstance(self.launcher, FiberrlLauncher):
+            raise PBTError(f"hydra/sweeper=pbt runs its members on hydra/launcher=fiberrl (it starts each as "
+                           f"another ends, from a checkpoint); this sweep has {type(self.launcher).__name__}")
+        self._check_numbers()
+        parser = OverridesParser.create()
+        overrides = parser.parse_overrides(list(arguments))
+        swept = {o.key_or_group: o.input_line.split("=", 1)[1] for o in overrides if o.is_sweep_override()}
+        self.fixed = [o.input_line for o in overrides if not o.is_sweep_override() and o.key_or_group != "seed"]
+        base = self.hydra_context.config_loader.load_sweep_config(self.config, list(self.fixed))
+        self.base_seed = int(base.seed) + 0
+        seeds = [o for o in overrides if o.key_or_group == "seed" and not o.is_sweep_override()]
+        if seeds:
+            self.base_seed = int(seeds[-1].value())
+        self.decision_seed = self.seed if self.seed is not None else self.base_seed
+        record = algorithm(base.algo.name)
+        self.record = record
+        if not record.tunable:
+            raise PBTError(f"algo={record.name} declares no setting a resume may change, so PBT has nothing to "
+                           f"mutate; it works with algo=ppo and algo=es")
+        specs = {**_flatten(self.params), **swept}
+        self.defaults = not specs
+        if self.defaults:
+            specs = {f"algo.{name}": space for name, space in record.mutations.items()}
+        self.mutations = [self._mutation(key, spec, base) for key, spec in specs.items()]
+        self.start = {m.key: OmegaConf.select(base, m.key) for m in self.mutations}
+        if self.metric not in LOOP_METRICS | record.metrics:
+            raise PBTError(f"hydra.sweeper.metric={self.metric}: algo={record.name} does not write it; it writes "
+                           f"{', '.join(sorted(LOOP_METRICS | record.metrics))}")
+        if self.metric == "eval_reward" and (base.algo.get("eval_episodes", 1) == 0
+                                             or base.algo.get("eval_every", 1) == 0):
+            raise PBTError("hydra.sweeper.metric=eval_reward, but the runs do not evaluate (algo.eval_episodes or "
+                           "algo.eval_every is 0); evaluate, or rank by another metric")
+        for mutation in self.mutations:  # every value a member may take must be a setting that runs
+            ends = mutation.choices or (mutation._fit(mutation.low), mutation._fit(mutation.high))
+            for value in ends:
+                try:
+                    self.launcher.check_overrides(self.fixed + [f"{mutation.key}={_value(value)}"])
+                except SweepError as exc:
+                    raise PBTError(f"hydra.sweeper.params: {mutation.describe()} reaches {mutation.key}="
+                                   f"{_value(value)}, which no run takes: {exc}") from None
+        try:
+            self.launcher.check_overrides(self.fixed + [f"seed={self.base_seed}"])
+        except SweepError as exc:
+            raise PBTError(str(exc)) from None
+
+    def _check_numbers(self) -> None:
+        bad = [("population", self.population, self.population >= 2, "at least 2 (PBT copies one member to another)"),
+               ("interval", self.interval, self.interval >= 1, "at least 1 env step"),
+               ("burn_in", self.burn_in, self.burn_in >= 0, "0 or more env steps"),
+               ("window", self.window, self.window >= 1, "at least 1 value"),
+               ("quantile", self.quantile, 0 < self.quantile <= 0.5, "in (0, 0.5]: the bottom and top quantiles "
+                                                                     "must not overlap"),
+               ("mode", self.mode, self.mode in ("max", "min"), "max or min")]
+        for name, value, ok, rule in bad:
+            if not ok:
+                raise PBTError(f"hydra.sweeper.{name}={value}: must be {rule}")
+
+    def _mutation(self, key: str, spec: Any, base: DictConfig) -> Mutation:
+        name = key[len("algo."):] if key.startswith("algo.") else None
+        if name is None or OmegaConf.select(base, key, default="__missing__") == "__missing__":
+            raise PBTError(f"hydra.sweeper.params: {key} is not a setting of algo={self.record.name}; it may "
+                           f"mutate {_names(self.record.tunable)}")
+        if name not in self.record.tunable:
+            raise PBTError(f"hydra.sweeper.params: {key} is not a setting algo={self.record.name} lets a resume "
+                           f"change (a run's result would no longer follow from its checkpoint); it may mutate "
+                           f"{_names(self.record.tunable)}")
+        value = OmegaConf.select(base, key)
+        return parse(key, spec, self.resample_probability, self.perturb_factors,
+                     integer=isinstance(value, int) and not isinstance(value, bool))
+
+    def _first_line(self, resumed: bool) -> str:
+        mode = "generational" if self.synchronous else "asynchronous"
+        usual = f" (algo={self.record.name}'s usual set)" if self.defaults else ""
+        return (f"pbt: {self.population} members, ready every {self.interval:,} env steps"
+                + (f" after {self.burn_in:,}" if self.burn_in else "") + f", {mode}; ranked by {self.metric} "
+                f"({self.mode}, mean of the last {self.window}), bottom {self.quantile:g} copies top "
+                f"{self.quantile:g}; "
+                f"mutating {', '.join(m.describe() for m in self.mutations)}{usual}; "
+                f"lineage in {self.sweep_dir / LINEAGE}" + (" (resumed)" if resumed else ""))
+
+    # --- the lineage file -------------------------------------------------------------------------
+    def _settings_record(self) -> dict:
+        return {"population": self.population, "interval": self.interval, "burn_in": self.burn_in,
+                "metric": self.metric, "mode": self.mode, "window": self.window, "quantile": self.quantile,
+                "synchronous": self.synchronous, "seed": self.decision_seed, "base_seed": self.base_seed,
+                "mutations": [m.describe() for m in self.mutations], "fixed": self.fixed}
+
+    def _replay(self) -> bool:
+        """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
+        self.members = [Member(i) for i in range(self.population)]
+        path = self.sweep_dir / LINEAGE
+        events = _read_lineage(path)
+        if not events:
+            self._record({"event": "sweep", "time": time.time(), "settings": self._settings_record()})
+            return False
+        if events[0].get("settings") != json.loads(json.dumps(self._settings_record())):
+            raise PBTError(f"{self.sweep_dir} holds a PBT sweep with other settings ({path}'s first line); choose "
+                           f"another hydra.sweep.dir, or run that sweep's own command to resume it")
+        for event in events[1:]:
+            kind = event.get("event")
+            if kind == "segment":
+                segment = Segment(event["member"], event["segment"], event["job"], self.sweep_dir / event["folder"],
+                                  event["seed"], event["settings"], event["until"], event["start_from"],
+                                  event["carried"])
+                self.members[segment.member].segments.append(segment)
+                self._next_job = max(self._next_job, segment.job + 1)
+            elif kind == "ended":
+                segment = self.members[event["member"]].segments[event["segment"]]
+                segment.state, segment.timesteps, segment.values = "ended", event["timesteps"], event["values"]
+                segment.checkpoint, segment.paused = event["checkpoint"], event["paused"]
+            elif kind == "failed":
+                segment = self.members[event["member"]].segments[event["segment"]]
+                segment.state, segment.why = "failed", event["why"]
+        for member in self.members:  # a next segment begun but not recorded: its folder is begun again
+            if member.segments:
+                following = self._folder(member.index, member.current.index + 1)
+                if following.exists():
+                    shutil.rmtree(following)
+        return True
+
+    def _record(self, *events: dict) -> None:
+        """Appended and synced before what they say is done: a sweep killed at any point replays them."""
+        text = "".join(json.dumps(event) + "\n" for event in events)
+        with open(self.sweep_dir / LINEAGE, "a") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _segment_record(self, segment: Segment) -> dict:
+        return {"member": segment.member, "segment": segment.index, "job": segment.job,
+                "folder": str(segment.folder.relative_to(self.sweep_dir)), "seed": segment.seed,
+                "settings": segment.settings, "until": segment.until, "start_from": segment.start_from,
+                "carried": segment.carried, "time": time.time()}
+
+    # --- a segment's files -----------------------------------------------------------------------
+    def _metric_values(self, folder: Path) -> list[float]:
+        values = []
+        for row in _rows(folder / "metrics.jsonl"):
+            value = row.get(self.metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                values.append(float(value))
+        return values
+
+    def _last_timesteps(self, folder: Path) -> int:
+        rows = _rows(folder / "metrics.jsonl")
+        return int(rows[-1].get("timesteps", 0)) if rows else 0
+
+    def _last_checkpoint(self, segment: Segment) -> tuple[Optional[str], dict]:
+        """(its newest checkpoint relative to the sweep's folder, its values), or (None, {}) if it is damaged."""
+        folder = segment.folder / "checkpoints"
+        found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name))) \
+            if folder.is_dir() else []
+        if not found:
+            segment.damage = f"no checkpoint in {folder}"
+            return None, {}
+        path = found[-1][1]
+        try:
+            _, values = load_npz(path)
+            values = upgrade_checkpoint(values)
+        except (DamagedFile, OSError) as exc:
+            segment.damage = f"{path}: {exc}"
+            return None, {}
+        return str(path.relative_to(self.sweep_dir)), values
+
+    def _damage(self, segment: Segment) -> str:
+        """What is wrong with ``segment``'s checkpoint now ("": it reads whole); a damaged one is forgotten."""
+        if segment.checkpoint is None:
+            return segment.damage or "there is none"
+        path = self.sweep_dir / segment.checkpoint
+        try:
+            upgrade_checkpoint(load_npz(path)[1])
+            return ""
+        except (DamagedFile, OSError) as exc:
+            segment.checkpoint, segment.damage = None, f"{path}: {exc}"
+            return segment.damage
+
+    def _copy_checkpoint(self, source: Path, folder: Path) -> None:
+        if folder.exists():  # begun before the sweep was stopped, never recorded
+            shutil.rmtree(folder)
+        (folder / "checkpoints").mkdir(parents=True)
+        with open(source, "rb") as src:
+            atomic_write(folder / "checkpoints" / source.name, lambda dst: shutil.copyfileobj(src, dst))
+
+    def _folder(self, member: int, index: int) -> Path:
+        return self.sweep_dir / f"member_{member}" / f"segment_{index:03d}"
+
+    def _job(self) -> int:
+        self._next_job += 1
+        return self._next_job - 1
+
+    def _rng(self, member: int, index: int):
+        return np.random.default_rng([self.decision_seed, member, index])
+
+    # --- the end ------------------------------------------------------------------------------
+    def _report(self) -> list:
+        ranked = ranking(self.members, self.window, self.mode == "max")
+        lines = []
+        for member in self.members:
+            last = member.latest
+            state = ("failed: " + member.current.why if member.failed else
+                     "finished" if member.finished else "paused")
+            steps = f"{last.timesteps:,} env steps" if last is not None else "no checkpoint"
+            score = _score(last.score(self.window)) if last is not None else "-"
+            exploits = sum(1 for s in member.segments if s.start_from and not s.start_from.startswith(
+                f"member_{member.index}/"))
+            settings = " ".join(f"{k}={_value(v)}" for k, v in (last or member.current).settings.items())
+            lines.append(f"  member {member.index}: {state}, {steps}, {self.metric} {score}, {exploits} exploits; "
+                         f"{settings}")
+        print("pbt: the members at the end:\n" + "\n".join(lines), flush=True)
+        if ranked:
+            best = ranked[0].latest
+            print(f"pbt: best member {best.member}, {self.metric} {_score(best.score(self.window))}, in {best.folder}",
+                  flush=True)
+            print(f"evaluate it: python -m fiberrl.evaluate {best.folder} --episodes 100 --checkpoint latest",
+                  flush=True)
+        print(f"plot it:     python -m fiberrl.plot {self.sweep_dir} -o pbt.png", flush=True)
+        failed = [m for m in self.members if m.failed]
+        if failed:
+            print(f"{len(failed)} of {self.population} members failed", file=sys.stderr)
+            raise SystemExit(1)
+        return [ranked[0].latest.folder] if ranked else []
+
+
+def _read_lineage(path: Path) -> list[dict]:
+    """The events of ``pbt.jsonl``; a last line cut short by a kill is dropped, any other bad line is an error."""
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    events = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            if number == len(lines):
+                continue
+            raise PBTError(f"{path}: line {number} is not a lineage record; the file is damaged, so the sweep "
+                           f"cannot be resumed from it: choose another hydra.sweep.dir") from None
+    if events and events[0].get("event") != "sweep":
+        raise PBTError(f"{path}: it does not begin with the sweep's settings; choose another hydra.sweep.dir")
+    return events
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [row for line in text.split("\n") if (row := metrics_row(line)) is not None]
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"algo": {"learning_rate": "..."}}`` (as ``+hydra.sweeper.params.algo.learning_rate=`` makes it) ->
+    ``{"algo.learning_rate": "..."}``; a mapping with a ``space`` is one setting's mutation."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and "space" not in value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _value(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _names(names) -> str:
+    return ", ".join(f"algo.{n}" for n in sorted(names))
+
+
+def _score(score: Optional[float]) -> str:
+    return "-" if score is None else f"{score:.2f}"

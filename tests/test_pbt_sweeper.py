@@ -1,0 +1,271 @@
+"""``hydra/sweeper=pbt`` as users meet it: the pause and retuned resume it stands on, its choices, small ES
+and PPO populations (generational ones reproduced, asynchronous ones resumed after the sweep is killed,
+a member's job killed, a checkpoint damaged), its lineage and plot, and each bad input in one line."""
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON, ROOT, wait_until
+from helpers.script_runs import session_members
+from helpers.small_runs import SMALL_PPO, small_es
+
+# this file's own seed and noise table size (helpers/small_runs.py)
+ES = ["-m", "fiberrl", "-m", "hydra/sweeper=pbt", "algo=es", *small_es(43, 250_043), "algo.iterations=6",
+      "hydra.launcher.table=off"]
+# three members, the bottom one copying the top one each time it is ready
+SMALL_POPULATION = ["hydra.sweeper.population=3", "hydra.sweeper.quantile=0.34", "hydra.sweeper.interval=600"]
+
+
+def sweep(args, timeout=300, wait=True):
+    proc = subprocess.Popen([PYTHON, *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    if not wait:
+        return proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
+    assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
+    return proc.returncode, out, err
+
+
+def lineage(sweep_dir: Path, kind: str | None = None) -> list[dict]:
+    events = [json.loads(line) for line in (sweep_dir / "pbt.jsonl").read_text().splitlines() if line.strip()]
+    return [e for e in events if kind is None or e["event"] == kind]
+
+
+def decisions(sweep_dir: Path) -> list[str]:
+    """The lineage without its clock, nor the order in which runs that went at the same time ended."""
+    return sorted(json.dumps({k: v for k, v in e.items() if k not in ("time", "elapsed_s")}, sort_keys=True)
+                  for e in lineage(sweep_dir) if e["event"] in ("segment", "exploit", "ended"))
+
+
+def last_theta(sweep_dir: Path, member: int) -> np.ndarray:
+    segment = sorted((sweep_dir / f"member_{member}").glob("segment_*"))[-1]
+    checkpoint = sorted((segment / "checkpoints").glob("*.npz"))[-1]
+    with np.load(checkpoint) as data:
+        return data["theta"]
+
+
+# --- what PBT stands on: a run pauses at until_timesteps, and a resume may retune ----------------------
+
+@pytest.mark.slow
+def test_a_paused_run_goes_on_as_if_never_paused_and_a_resume_may_retune_only_what_is_tunable(tmp_path):
+    base = ["-m", "fiberrl", "algo=es", *small_es(43, 250_043), "algo.iterations=4"]
+    run = lambda *args: subprocess.run([PYTHON, *base, *args], cwd=ROOT, text=True, capture_output=True)  # noqa: E731
+    whole, paused = tmp_path / "whole", tmp_path / "paused"
+    assert run(f"hydra.run.dir={whole}").returncode == 0
+    out = run(f"hydra.run.dir={paused}", "until_timesteps=300")
+    assert out.returncode == 0 and "paused at" in out.stdout, out.stderr
+    assert len((paused / "metrics.jsonl").read_text().splitlines()) < 4
+    assert run(f"resume={paused}").returncode == 0
+    rows = lambda d: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}  # noqa: E731
+                      for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert rows(paused) == rows(whole)
+
+    # a tunable setting may change on resume, said in a line; any other is refused as before
+    retuned = tmp_path / "retuned"
+    assert run(f"hydra.run.dir={retuned}", "until_timesteps=300").returncode == 0
+    out = run(f"resume={retuned}", "algo.sigma=0.03")
+    assert out.returncode == 0 and "with algo.sigma=0.03 (it ran with 0.02)" in out.stdout, out.stdout + out.stderr
+    out = run(f"resume={retuned}", "algo.population=6")
+    assert out.returncode == 2 and "algo.population=4 there, 6 here" in out.stderr, out.stderr
+
+
+# --- its choices, without processes ------------------------------------------------------------------
+
+def test_mutations_perturb_within_their_space_and_resample_from_it():
+    from hydra_plugins.fiberrl_pbt.mutations import MutationError, parse
+    rng = np.random.default_rng(0)
+    lr = parse("algo.learning_rate", "tag(log, interval(1e-5, 1e-2))", 0.25, [0.8, 1.2], integer=False)
+    assert lr.log and (lr.low, lr.high) == (1e-5, 1e-2)
+    seen = {lr.explore(1e-3, rng) for _ in range(200)}
+    assert {8e-4, 1.2e-3} <= seen and all(1e-5 <= v <= 1e-2 for v in seen) and len(seen) > 2  # resampled too
+    assert lr.explore(1e-2, np.random.default_rng(1)) <= 1e-2
+    never = parse("algo.clip_coef", {"space": "interval(0.1, 0.3)", "resample": 0.0, "factors": [0.5, 2.0]},
+                  0.25, [0.8, 1.2], integer=False)
+    assert {never.explore(0.2, rng) for _ in range(50)} == {0.1, 0.3}
+    lam = parse("algo.gae_lambda", "choice(0.9, 0.95, 0.99)", 0.0, [0.8, 1.2], integer=False)
+    assert {lam.explore(0.95, rng) for _ in range(50)} == {0.9, 0.99}
+    epochs = parse("algo.update_epochs", "interval(2, 20)", 0.0, [1.2], integer=True)
+    assert epochs.explore(10, rng) == 12
+    for spec, said in [("interval(0.5, 0.1)", "an empty range"), ("tag(log, interval(0, 1))", "above 0"),
+                       ("0.3", "one value is no space"), ("range(5, 5)", "an empty range"),
+                       ("interval(0.1", "not a space in Hydra's sweep syntax")]:
+        with pytest.raises(MutationError, match=said):
+            parse("algo.sigma", spec, 0.25, [0.8, 1.2], integer=False)
+
+
+def test_a_member_in_the_bottom_quantile_copies_one_in_the_top_quantile():
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment, choose_donor, quantile_size
+    members = []
+    for index, score in enumerate([10.0, 50.0, 30.0, 40.0, 20.0, 60.0, 0.0, 70.0]):
+        segment = Segment(index, 0, index, Path("x"), index, {}, 100, state="ended", values=[score],
+                          checkpoint="c.npz", paused=True)
+        members.append(Member(index, [segment]))
+    assert quantile_size(8, 0.25) == 2 and quantile_size(3, 0.5) == 1 and quantile_size(2, 0.25) == 1
+    rng = np.random.default_rng(0)
+    assert {choose_donor(members[6], members, 1, True, 0.25, rng).index for _ in range(40)} == {5, 7}
+    assert choose_donor(members[2], members, 1, True, 0.25, rng) is None  # the middle goes on
+    assert choose_donor(members[7], members, 1, True, 0.25, rng) is None
+    assert choose_donor(members[7], members, 1, True, 0.25, rng, must=True).index == 5  # damaged: the next best
+    assert {choose_donor(members[7], members, 1, False, 0.25, rng).index for _ in range(40)} == {6, 0}  # min
+
+
+# --- sweeps -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_generational_sweep_gives_the_same_lineage_and_parameters_again_and_draws_them(tmp_path):
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true"]
+    code, out, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'a'}"])
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("pbt: 3 members, ready every 600 env steps, generational; ranked by eval_reward"), first
+    assert "mutating algo.sigma in log [0.002, 0.5], algo.learning_rate in log [0.0001, 0.2] (algo=es's usual set)" \
+        in first
+    assert "best member" in out and "plot it:     python -m fiberrl.plot" in out
+    code, _, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'b'}"])
+    assert code == 0, err
+    assert lineage(tmp_path / "a", "exploit"), "no member copied another"
+    assert decisions(tmp_path / "a") == decisions(tmp_path / "b")
+    for member in range(3):
+        assert np.array_equal(last_theta(tmp_path / "a", member), last_theta(tmp_path / "b", member))
+
+    # an exploit is recorded whole, and the member went on from the donor's checkpoint: its counters, its
+    # settings explored
+    exploit = lineage(tmp_path / "a", "exploit")[0]
+    assert {"time", "timesteps", "from", "to", "old", "new", "from_score", "to_score"} <= exploit.keys()
+    copy = next(e for e in lineage(tmp_path / "a", "segment") if e["start_from"] == exploit["checkpoint"]
+                and e["member"] == exploit["to"])
+    assert copy["settings"] == exploit["new"] and copy["until"] == exploit["from_timesteps"] + 600
+    assert exploit["checkpoint"].startswith(f"member_{exploit['from']}/")
+    log = (tmp_path / "a" / copy["folder"] / "output.log").read_text()
+    assert f"after iteration {int(Path(exploit['checkpoint']).stem)} ({exploit['from_timesteps']:,} env steps)" in log
+    rows = [json.loads(x) for x in (tmp_path / "a" / copy["folder"] / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["iteration"] == int(Path(exploit["checkpoint"]).stem) + 1
+
+    out = subprocess.run([PYTHON, "-m", "fiberrl.plot", str(tmp_path / "a"), "-o", str(tmp_path / "pbt.png")],
+                         cwd=ROOT, text=True, capture_output=True)
+    assert out.returncode == 0 and (tmp_path / "pbt.png").stat().st_size > 10_000, out.stderr
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_replaced_by_a_top_members_copy(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # one run at a time: member 0's first segment has ended long before the generation's decisions
+    proc = sweep([*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "hydra.launcher.runs_at_once=1",
+                  f"hydra.sweep.dir={sweep_dir}"], wait=False)
+    assert wait_until(lambda: (sweep_dir / "pbt.jsonl").exists() and any(
+        e["member"] == 0 for e in lineage(sweep_dir, "ended")), 120)
+    ended = next(e for e in lineage(sweep_dir, "ended") if e["member"] == 0)
+    (sweep_dir / ended["checkpoint"]).write_bytes(b"not a checkpoint")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    said = [line for line in out.splitlines() if "member 0's checkpoint is damaged" in line]
+    assert len(said) == 1 and "it goes on from a copy of member" in said[0], out
+    assert any(e["to"] == 0 and e["damaged"] for e in lineage(sweep_dir, "exploit"))
+    assert "0 exploits" not in next(line for line in out.splitlines() if line.startswith("  member 0:"))
+
+
+def kill_a_running_member(sweep_dir: Path) -> bool:
+    """SIGKILL the job of a segment that has begun and not ended; False if none could be killed just now."""
+    ended = {(e["member"], e["segment"]) for e in lineage(sweep_dir, "ended")}
+    for event in lineage(sweep_dir, "segment"):
+        where = sweep_dir / event["folder"] / ".hydra" / "job_where.json"
+        if (event["member"], event["segment"]) not in ended and where.exists():
+            try:
+                os.kill(json.loads(where.read_text())["pid"], signal.SIGKILL)
+                return True
+            except (ProcessLookupError, ValueError):
+                continue
+    return False
+
+
+@pytest.mark.slow
+def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_killed(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}", "algo.iterations=8"]
+    proc = sweep(args, wait=False)
+    # a member's job is killed: the launcher starts it again from its own checkpoint
+    assert wait_until(lambda: (sweep_dir / "pbt.jsonl").exists() and len(lineage(sweep_dir, "ended")) >= 2, 120)
+    assert wait_until(lambda: kill_a_running_member(sweep_dir), 60)
+    # then the whole sweep
+    assert wait_until(lambda: len(lineage(sweep_dir, "ended")) >= 6, 120)
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    assert any("its job died (killed by SIGKILL)" in line and line.endswith("starting it again from its checkpoint")
+               for line in (out + err).splitlines()), out + err
+    before = lineage(sweep_dir)
+
+    code, out, err = sweep(args)
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("(resumed)")
+    events = lineage(sweep_dir)
+    assert events[:len(before)] == before  # the lineage is kept, and goes on
+    segments = [(e["member"], e["segment"]) for e in events if e["event"] == "segment"]
+    assert len(segments) == len(set(segments))
+    for member in range(3):
+        indices = sorted(i for m, i in segments if m == member)
+        assert indices == list(range(len(indices)))
+    assert all(f"  member {m}: finished" in out for m in range(3)), out
+
+
+@pytest.mark.slow
+def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    code, out, err = sweep(["-m", "fiberrl", "-m", "hydra/sweeper=pbt", *SMALL_PPO, "algo.total_timesteps=192",
+                            "algo.norm_obs=true", "algo.norm_reward=true", "hydra.sweeper.population=2",
+                            "hydra.sweeper.quantile=0.5", "hydra.sweeper.interval=48",
+                            "hydra.sweeper.metric=charts/episodic_return", "hydra.sweeper.window=1",
+                            "algo.learning_rate=tag(log, interval(1e-4, 1e-2))", "hydra.launcher.table=off",
+                            f"hydra.sweep.dir={sweep_dir}"])
+    assert code == 0, err
+    assert "mutating algo.learning_rate in log [0.0001, 0.01];" in out.splitlines()[0]
+    exploits = lineage(sweep_dir, "exploit")
+    assert exploits
+    exploit = exploits[0]
+    went_on = next(e for e in lineage(sweep_dir, "segment") if e["start_from"] == exploit["checkpoint"]
+                   and e["member"] == exploit["to"])
+    with np.load(sweep_dir / exploit["checkpoint"]) as data:
+        donor = {k: data[k] for k in data.files}
+    assert {"obs_rms", "ret_rms", "optim"} <= {k.split("/")[0] for k in donor}, list(donor)
+    # the member's run went on from there with its own learning rate
+    rows = [json.loads(x) for x in (sweep_dir / went_on["folder"] / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["timesteps"] == exploit["from_timesteps"] + 16
+    assert rows[0]["charts/learning_rate"] != pytest.approx(0.0)
+    donor_folder = str(Path(exploit["checkpoint"]).parent.parent)
+    donor_lr = next(e for e in lineage(sweep_dir, "segment") if e["folder"] == donor_folder)["settings"]
+    new_lr = went_on["settings"]["algo.learning_rate"]
+    if new_lr != donor_lr["algo.learning_rate"]:
+        log = (sweep_dir / went_on["folder"] / "output.log").read_text()
+        assert f"with algo.learning_rate={new_lr!r} (it ran with {donor_lr['algo.learning_rate']!r})" in log, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, said", [
+    (["hydra.sweeper.population=1"], "hydra.sweeper.population=1: must be at least 2"),
+    (["hydra.sweeper.quantile=0.6"], "hydra.sweeper.quantile=0.6: must be in (0, 0.5]"),
+    (["algo.sigma=interval(0.5,0.1)"], "algo.sigma=interval(0.5,0.1): an empty range"),
+    (["algo.sigma=interval(-1,0.1)"], "reaches algo.sigma=-1.0, which no run takes"),
+    (["algo.noise_size=interval(1,2)"], "algo.noise_size is not a setting algo=es lets a resume change"),
+    (["algo.nonsense=interval(1,2)"], "algo.nonsense is not a setting of algo=es; it may mutate "
+                                      "algo.learning_rate, algo.sigma"),
+    (["hydra.sweeper.metric=charts/SPS"], "hydra.sweeper.metric=charts/SPS: algo=es does not write it"),
+    (["algo.eval_episodes=0"], "the runs do not evaluate"),
+    (["+experiment=poet_small"], "algo=poet declares no setting a resume may change"),
+    (["hydra/launcher=basic"], "hydra/sweeper=pbt runs its members on hydra/launcher=fiberrl"),
+])
+def test_bad_input_is_one_line_before_any_member_starts(tmp_path, args, said):
+    sweep_dir = tmp_path / "sweep"
+    base = ES if "=" in args[0] and args[0].startswith(("hydra.", "algo.")) else ES[:4]
+    code, out, err = sweep([*base, *args, f"hydra.sweep.dir={sweep_dir}"], timeout=60)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and said in lines[0], err
+    assert not list(sweep_dir.glob("member_*"))
