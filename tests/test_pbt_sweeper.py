@@ -110,13 +110,25 @@ def test_a_member_in_the_bottom_quantile_copies_one_in_the_top_quantile():
         segment = Segment(index, 0, index, Path("x"), index, {}, 100, state="ended", values=[score],
                           checkpoint="c.npz", paused=True)
         members.append(Member(index, [segment]))
+    standings = {m.index: m.standing(1) for m in members}
     assert quantile_size(8, 0.25) == 2 and quantile_size(3, 0.5) == 1 and quantile_size(2, 0.25) == 1
     rng = np.random.default_rng(0)
-    assert {choose_donor(members[6], members, 1, True, 0.25, rng).index for _ in range(40)} == {5, 7}
-    assert choose_donor(members[2], members, 1, True, 0.25, rng) is None  # the middle goes on
-    assert choose_donor(members[7], members, 1, True, 0.25, rng) is None
-    assert choose_donor(members[7], members, 1, True, 0.25, rng, must=True).index == 5  # damaged: the next best
-    assert {choose_donor(members[7], members, 1, False, 0.25, rng).index for _ in range(40)} == {6, 0}  # min
+    assert {choose_donor(6, standings, True, 0.25, rng) for _ in range(40)} == {5, 7}
+    assert choose_donor(2, standings, True, 0.25, rng) is None  # the middle goes on
+    assert choose_donor(7, standings, True, 0.25, rng) is None
+    assert choose_donor(7, standings, True, 0.25, rng, must=True) == 5  # damaged: the best other
+    assert {choose_donor(7, standings, False, 0.25, rng) for _ in range(40)} == {6, 0}  # min
+    assert choose_donor(6, standings, True, 0.25, rng, passed_over=frozenset({5})) == 7
+
+    # a running member is ranked by what it has logged so far, and copied from where its segment began
+    running = Segment(0, 1, 8, Path("y"), 0, {"a": 1}, 200, start_from="member_5/segment_000/c.npz",
+                      start_timesteps=100, carried=[60.0], values=[80.0, 90.0])
+    members[0].segments.append(running)
+    standing = members[0].standing(2)
+    assert standing.score == 85.0 and standing.checkpoint == "member_5/segment_000/c.npz"
+    assert standing.timesteps == 100 and standing.history == [60.0]
+    first = Member(9, [Segment(9, 0, 9, Path("z"), 9, {}, 100, values=[5.0])])
+    assert first.standing(3).score == 5.0 and first.standing(3).checkpoint is None  # nothing to copy yet
 
 
 # --- sweeps -------------------------------------------------------------------------------------------
@@ -269,3 +281,33 @@ def test_bad_input_is_one_line_before_any_member_starts(tmp_path, args, said):
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and said in lines[0], err
     assert not list(sweep_dir.glob("member_*"))
+
+
+# kubernetes: against the stand-in API server (tests/helpers/k8s_standin), no cluster being able to run here
+@pytest.mark.parametrize("backend", [pytest.param(name, marks=[pytest.mark.slow, getattr(pytest.mark, name)])
+                                     for name in ("docker", "slurm", "kubernetes")])
+def test_members_are_jobs_of_a_cluster_backend(backend, tmp_path):
+    import importlib
+    import shutil
+    import time
+    helper = importlib.import_module(f"helpers.{backend}_backend")
+    reason = helper.available()
+    if reason:
+        pytest.skip(reason)
+    settings = {k: v for k, v in helper.settings().items() if k != "backend"}
+    # under the working directory, which the backends share with their jobs
+    sweep_dir = Path(ROOT) / "runs" / "test-sweeps" / f"pbt-{backend}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        code, out, err = sweep([*ES, *SMALL_POPULATION, f"backend={backend}", f"hydra.sweep.dir={sweep_dir}",
+                                *[f"backend.settings.{k}={v}" for k, v in settings.items()]], timeout=900)
+        assert code == 0, f"{out}\n{err}"
+        assert all(f"  member {m}: finished" in out for m in range(3)), out
+        where = [json.loads((folder / ".hydra" / "job_where.json").read_text())
+                 for folder in sweep_dir.glob("member_*/segment_*")]
+        if backend == "docker":  # each in a container
+            assert os.uname().nodename not in {w["host"] for w in where}, where
+        if backend == "slurm":
+            assert all(w["slurm_job_id"] for w in where), where
+        assert wait_until(lambda: not helper.leftovers(), 60), helper.leftovers()
+    finally:
+        shutil.rmtree(sweep_dir, ignore_errors=True)

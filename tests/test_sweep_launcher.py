@@ -246,6 +246,8 @@ def test_a_bad_value_in_any_run_is_reported_before_any_run_starts(tmp_path):
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("error: job #1 (algo.sigma=-1): algo.sigma=-1"), err
     assert not [p for p in sweep_dir.glob("*") if p.is_dir()]
+    # nor does the folder say it holds that sweep: the corrected command may use it
+    assert not (sweep_dir / ".sweep.yaml").exists()
 
 
 def kill_run_job(backend: str, folder: Path) -> None:

@@ -130,18 +130,17 @@ class FiberrlLauncher(Launcher):
     # open(); plan() and submit() runs, poll() for those that ended, while busy(); close() (it stops
     # every run still going: Ctrl-C, an error)
     def open(self, runs: int) -> None:
-        """Check the settings, set up the runtime, and keep the sweep's record; ``runs``: how many may
-        go at once at most (the batch, the population). Raises SweepError."""
+        """Check the settings and set up the runtime; ``runs``: how many may go at once at most (the
+        batch, the population). Raises SweepError. Nothing is written before the first ``submit``."""
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        self._sweep_dir = Path(str(self.config.hydra.sweep.dir))
         self._check_settings()
-        self._check_sweep_dir(sweep_dir)
+        self._check_sweep_dir(self._sweep_dir)
         self._configure_runtime()
         self.at_once = self._runs_at_once(runs)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create({"task": list(self._sweep_overrides())}), sweep_dir / SWEEP_RECORD)
+        self._recorded = False
         # a run's math libraries (torch, numpy) use as many threads as it has cores (cpu), unless the user set
         # them: runs side by side would each start a thread per core of the machine, and those spin waiting
         # on one another (joblib's loky caps its workers' threads alike); the jobs inherit them
@@ -155,10 +154,14 @@ class FiberrlLauncher(Launcher):
         # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
         self._hydra_state = Singleton.get_state()
         self._waiting, self._running = deque(), []
-        self._table = SweepTable(self.runs, sweep_dir, self.table_mode)
+        self._table = SweepTable(self.runs, self._sweep_dir, self.table_mode)
 
     def submit(self, run: Run) -> None:
         """Start ``run`` when fewer than ``at_once`` are going; one done earlier is only recorded."""
+        if not self._recorded:  # the sweep's folder says which sweep it holds once a run is in it
+            self._sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(OmegaConf.create({"task": list(self._sweep_overrides())}), self._sweep_dir / SWEEP_RECORD)
+            self._recorded = True
         if run not in self.runs:
             self.runs.append(run)
         if run.state != "done":

@@ -21,6 +21,7 @@ class Segment:
     settings: dict[str, Any]         # the mutated settings' values it runs with
     until: int                       # it pauses at this many env steps
     start_from: Optional[str] = None  # the checkpoint it went on from, relative to the sweep's folder
+    start_timesteps: int = 0          # the env steps of that checkpoint
     carried: list[float] = field(default_factory=list)  # the metric's last values before it
     # once it has ended:
     state: str = "running"           # running, ended, failed
@@ -39,6 +40,17 @@ class Segment:
         return sum(values) / len(values) if values else None
 
 
+@dataclass(frozen=True)
+class Standing:
+    """Where a member stands for the others: its score now, and what a member copying it goes on from."""
+    score: Optional[float]
+    checkpoint: Optional[str]        # None: nothing to copy yet (its first segment runs), or damaged
+    settings: dict
+    seed: int
+    history: list                    # the metric's last values up to that checkpoint
+    timesteps: int
+
+
 @dataclass
 class Member:
     index: int
@@ -49,14 +61,6 @@ class Member:
         return self.segments[-1]
 
     @property
-    def latest(self) -> Optional[Segment]:
-        """Its last segment that ended with a whole checkpoint: what a ready member may copy."""
-        for segment in reversed(self.segments):
-            if segment.state == "ended" and segment.checkpoint is not None:
-                return segment
-        return None
-
-    @property
     def finished(self) -> bool:
         return self.current.state == "ended" and not self.current.paused
 
@@ -64,13 +68,26 @@ class Member:
     def failed(self) -> bool:
         return self.current.state == "failed"
 
+    def standing(self, window: int) -> Optional[Standing]:
+        """Its score over its latest ``window`` values (those its running segment has logged so far
+        included: a ready member is ranked against the others as they are now, as Jaderberg et al.'s),
+        and its last ready point to copy: the checkpoint its running segment went on from with the
+        settings it runs with, or its ended segment's last. None for a failed member."""
+        segment = self.current
+        if segment.state == "failed":
+            return None
+        if segment.state == "ended":
+            return Standing(segment.score(window), segment.checkpoint, segment.settings, segment.seed,
+                            segment.history(window), segment.timesteps)
+        return Standing(segment.score(window), segment.start_from, segment.settings, segment.seed,
+                        segment.carried[-window:], segment.start_timesteps)
 
-def ranking(members: list[Member], window: int, maximize: bool) -> list[Member]:
-    """Members with a score, best first (ties: the lower index first)."""
-    scored = [(m.latest.score(window), m.index, m) for m in members
-              if m.latest is not None and m.latest.score(window) is not None]
+
+def ranking(standings: dict[int, Standing], maximize: bool) -> list[int]:
+    """The members with a score, best first (ties: the lower index first)."""
+    scored = [(s.score, index) for index, s in standings.items() if s is not None and s.score is not None]
     scored.sort(key=lambda t: (-t[0] if maximize else t[0], t[1]))
-    return [m for _, _, m in scored]
+    return [index for _, index in scored]
 
 
 def quantile_size(ranked: int, quantile: float) -> int:
@@ -78,16 +95,17 @@ def quantile_size(ranked: int, quantile: float) -> int:
     return min(math.ceil(ranked * quantile), ranked // 2)
 
 
-def choose_donor(member: Member, members: list[Member], window: int, maximize: bool, quantile: float,
-                 rng, must: bool = False) -> Optional[Member]:
-    """The top-quantile member ``member`` copies when it ranks in the bottom quantile (or ``must``: its own
-    checkpoint is damaged); None: it goes on from its own."""
-    ranked = ranking(members, window, maximize)
+def choose_donor(member: int, standings: dict[int, Standing], maximize: bool, quantile: float, rng,
+                 must: bool = False, passed_over: frozenset = frozenset()) -> Optional[int]:
+    """The top-quantile member that ``member`` copies when it ranks in the bottom quantile (or ``must``: its
+    own checkpoint is damaged; then the best it can); None: it goes on from its own. Members in
+    ``passed_over`` and those with nothing to copy are not chosen."""
+    ranked = ranking(standings, maximize)
     size = quantile_size(len(ranked), quantile)
-    top = [m for m in ranked[:size] if m is not member]
-    bottom = ranked[len(ranked) - size:] if size else []
+    copyable = [i for i in ranked if i != member and i not in passed_over and standings[i].checkpoint is not None]
+    top = [i for i in ranked[:size] if i in copyable]
     if must:
-        top = top or [m for m in ranked if m is not member]
-    elif member not in bottom:
+        top = top or copyable[:1]
+    elif member not in ranked[len(ranked) - size:] or not size:
         return None
     return top[int(rng.integers(len(top)))] if top else None

@@ -2,7 +2,7 @@
 
 ``population`` members train at the same time, each a run of ``python -m fiberrl`` that pauses every
 ``interval`` env steps (``until_timesteps``). A paused member is ready: ranked by its metric against
-the others' latest, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
+the others as they are now, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
 a top-quantile member's (weights, optimizer, normalisers, env states, counters: what an exact resume
 restores) with that member's settings explored (perturbed or resampled). Each stretch a member runs
 between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``) in
@@ -96,8 +96,9 @@ class PBTSweeper(Sweeper):
         while True:
             if self.synchronous and not self._pending:
                 waiting = [m for m in self.members if m.current.state == "ended" and m.current.paused]
-                for member in waiting:  # a generation's decisions, in member order: reproducible
-                    self._go_on(member)
+                generation = self._standings()  # its decisions all rank the generation as it ended
+                for member in waiting:  # in member order, each from its own generator: reproducible
+                    self._go_on(member, generation)
             if not self._pending and not self.launcher.busy():
                 return
             for run in self.launcher.poll():
@@ -145,22 +146,27 @@ class PBTSweeper(Sweeper):
         elif not self.synchronous:
             self._go_on(member)
 
-    def _go_on(self, member: Member) -> None:
-        """A ready member's next segment: from its own checkpoint, or a top member's, explored."""
+    def _go_on(self, member: Member, standings: Optional[dict] = None) -> None:
+        """A ready member's next segment: from its own checkpoint, or a top member's, explored. Ranked
+        against ``standings`` (a generation's, taken before its decisions), or the population as it is now."""
         current = member.current
         rng = self._rng(member.index, current.index + 1)
         damaged = self._damage(current)
-        donor = None
+        if standings is None:
+            standings = self._standings()
+        standings = {**standings, member.index: member.standing(self.window)}  # with its checkpoint's state
+        donor, passed_over = None, set()
         if damaged or current.timesteps >= self.burn_in:
-            while True:  # a donor whose checkpoint was damaged since it ended is passed over
-                donor = choose_donor(member, self.members, self.window, self.mode == "max", self.quantile, rng,
-                                     must=damaged)
+            while True:  # a donor whose checkpoint is damaged is passed over
+                donor = choose_donor(member.index, standings, self.mode == "max", self.quantile, rng,
+                                     must=bool(damaged), passed_over=frozenset(passed_over))
                 if donor is None:
                     break
-                donor_damage = self._damage(donor.latest)
+                donor_damage = self._damage_of(standings[donor].checkpoint)
                 if not donor_damage:
                     break
-                print(f"pbt: member {donor.index}'s checkpoint is damaged ({donor_damage}); member {member.index} "
+                passed_over.add(donor)
+                print(f"pbt: member {donor}'s checkpoint is damaged ({donor_damage}); member {member.index} "
                       f"copies another", flush=True)
         if damaged and donor is None:
             current.state = "failed"
@@ -168,26 +174,33 @@ class PBTSweeper(Sweeper):
             self._record({"event": "failed", "member": member.index, "segment": current.index, "why": current.why})
             print(f"pbt: member {member.index} stops: {current.why}", flush=True)
             return
-        source = donor.latest if donor is not None else current
+        source = standings[donor] if donor is not None else standings[member.index]
         settings = dict(source.settings)
         events = []
         if donor is not None:
             settings = {m.key: m.explore(settings[m.key], rng) for m in self.mutations}
             if damaged:
                 print(f"pbt: member {member.index}'s checkpoint is damaged ({damaged}); it goes on from a copy of "
-                      f"member {donor.index}'s", flush=True)
+                      f"member {donor}'s", flush=True)
             events.append({"event": "exploit", "time": time.time(), "elapsed_s": round(time.time() - self._started, 3),
                            "timesteps": current.timesteps, "from_timesteps": source.timesteps,
-                           "from": donor.index, "to": member.index, "from_score": source.score(self.window),
+                           "from": donor, "to": member.index, "from_score": source.score,
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None})
         segment = Segment(member.index, current.index + 1, self._job(), self._folder(member.index, current.index + 1),
                           source.seed, settings, until=source.timesteps + self.interval, start_from=source.checkpoint,
-                          carried=source.history(self.window))
+                          start_timesteps=source.timesteps, carried=list(source.history))
         self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
         member.segments.append(segment)
         self._record(*events, {"event": "segment", **self._segment_record(segment)})
         self._launch(segment)
+
+    def _standings(self) -> dict:
+        """Every member's standing now: a running segment's metric as it has logged it so far."""
+        for member in self.members:
+            if member.segments and member.current.state == "running":
+                member.current.values = self._metric_values(member.current.folder)
+        return {member.index: member.standing(self.window) for member in self.members if member.segments}
 
     # --- before anything starts ------------------------------------------------------------------
     def _prepare(self, arguments: list[str]) -> None:
@@ -294,7 +307,7 @@ class PBTSweeper(Sweeper):
             if kind == "segment":
                 segment = Segment(event["member"], event["segment"], event["job"], self.sweep_dir / event["folder"],
                                   event["seed"], event["settings"], event["until"], event["start_from"],
-                                  event["carried"])
+                                  event.get("start_timesteps", 0), event["carried"])
                 self.members[segment.member].segments.append(segment)
                 self._next_job = max(self._next_job, segment.job + 1)
             elif kind == "ended":
@@ -314,6 +327,7 @@ class PBTSweeper(Sweeper):
     def _record(self, *events: dict) -> None:
         """Appended and synced before what they say is done: a sweep killed at any point replays them."""
         text = "".join(json.dumps(event) + "\n" for event in events)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
         with open(self.sweep_dir / LINEAGE, "a") as fh:
             fh.write(text)
             fh.flush()
@@ -323,7 +337,7 @@ class PBTSweeper(Sweeper):
         return {"member": segment.member, "segment": segment.index, "job": segment.job,
                 "folder": str(segment.folder.relative_to(self.sweep_dir)), "seed": segment.seed,
                 "settings": segment.settings, "until": segment.until, "start_from": segment.start_from,
-                "carried": segment.carried, "time": time.time()}
+                "start_timesteps": segment.start_timesteps, "carried": segment.carried, "time": time.time()}
 
     # --- a segment's files -----------------------------------------------------------------------
     def _metric_values(self, folder: Path) -> list[float]:
@@ -359,13 +373,18 @@ class PBTSweeper(Sweeper):
         """What is wrong with ``segment``'s checkpoint now ("": it reads whole); a damaged one is forgotten."""
         if segment.checkpoint is None:
             return segment.damage or "there is none"
-        path = self.sweep_dir / segment.checkpoint
+        segment.damage = self._damage_of(segment.checkpoint)
+        if segment.damage:
+            segment.checkpoint = None
+        return segment.damage
+
+    def _damage_of(self, checkpoint: str) -> str:
+        path = self.sweep_dir / checkpoint
         try:
             upgrade_checkpoint(load_npz(path)[1])
             return ""
         except (DamagedFile, OSError) as exc:
-            segment.checkpoint, segment.damage = None, f"{path}: {exc}"
-            return segment.damage
+            return f"{path}: {exc}"
 
     def _copy_checkpoint(self, source: Path, folder: Path) -> None:
         if folder.exists():  # begun before the sweep was stopped, never recorded
@@ -386,13 +405,15 @@ class PBTSweeper(Sweeper):
 
     # --- the end ------------------------------------------------------------------------------
     def _report(self) -> list:
-        ranked = ranking(self.members, self.window, self.mode == "max")
+        standings = {m.index: m.standing(self.window) for m in self.members}
+        ranked = ranking(standings, self.mode == "max")
         lines = []
         for member in self.members:
-            last = member.latest
+            ended = [s for s in member.segments if s.state == "ended"]
+            last = ended[-1] if ended else None
             state = ("failed: " + member.current.why if member.failed else
                      "finished" if member.finished else "paused")
-            steps = f"{last.timesteps:,} env steps" if last is not None else "no checkpoint"
+            steps = f"{last.timesteps:,} env steps" if last is not None else "no segment ended"
             score = _score(last.score(self.window)) if last is not None else "-"
             exploits = sum(1 for s in member.segments if s.start_from and not s.start_from.startswith(
                 f"member_{member.index}/"))
@@ -400,8 +421,8 @@ class PBTSweeper(Sweeper):
             lines.append(f"  member {member.index}: {state}, {steps}, {self.metric} {score}, {exploits} exploits; "
                          f"{settings}")
         print("pbt: the members at the end:\n" + "\n".join(lines), flush=True)
-        if ranked:
-            best = ranked[0].latest
+        best = self.members[ranked[0]].current if ranked else None
+        if best is not None:
             print(f"pbt: best member {best.member}, {self.metric} {_score(best.score(self.window))}, in {best.folder}",
                   flush=True)
             print(f"evaluate it: python -m fiberrl.evaluate {best.folder} --episodes 100 --checkpoint latest",
@@ -411,7 +432,7 @@ class PBTSweeper(Sweeper):
         if failed:
             print(f"{len(failed)} of {self.population} members failed", file=sys.stderr)
             raise SystemExit(1)
-        return [ranked[0].latest.folder] if ranked else []
+        return [best.folder] if best is not None else []
 
 
 def _read_lineage(path: Path) -> list[dict]:
