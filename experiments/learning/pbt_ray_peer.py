@@ -8,12 +8,13 @@ dependency) and fiberrl:
     /tmp/venv-ray/bin/python experiments/learning/pbt_ray_peer.py --out DIR --seed 0 --population 4 \\
         --interval 98304 --set KEY=VALUE ...
 
-A trial trains one fiberrl run directory, pausing every ``interval`` env steps (``until_timesteps``)
-to report the mean eval reward of its last ``--window`` evaluations with a checkpoint (the run's
-newest fiberrl checkpoint): an exploited trial starts again from the donor's, copied into a fresh run
-directory, with the settings Ray chose, just as fiberrl's sweeper does.  Ray's perturbations are its
-own (x0.8 or x1.2, resampled with probability 0.25); values are kept inside the mutation ranges, as
-fiberrl's are.  Writes DIR/ray_results.json: per trial its final run directory and score.
+A trial trains one fiberrl run directory and reports the mean eval reward of its last ``--window``
+evaluations at each evaluation; every ``interval`` env steps it pauses (``until_timesteps``) to report
+it with a checkpoint (the run's newest fiberrl checkpoint): an exploited trial starts again from the
+donor's, copied into a fresh run directory, with the settings Ray chose, just as fiberrl's sweeper does.
+Ray's perturbations are its own (x0.8 or x1.2, resampled with probability 0.25); values are kept
+inside the mutation ranges, as fiberrl's are.  Ray keeps 4 checkpoints a trial (it warns that 2 or
+fewer can lose the one another trial exploits).  Writes DIR/ray_results.json: per trial its final run directory and score.
 """
 from __future__ import annotations
 
@@ -58,8 +59,22 @@ def trainable(config: dict) -> None:
                      f"until_timesteps={timesteps + config['interval']}", "tensorboard=false"]
         if any((run_dir / "checkpoints").glob("*.npz")):
             overrides.append(f"resume='{run_dir}'")  # a trial's folder name holds '='
-        summary = run(compose(overrides), run_dir)
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        until = timesteps + config["interval"]
+
+        def report_evaluation(*_):
+            # each evaluation reported as it comes, as a Ray trainable reports each iteration: the others are
+            # ranked on fresh scores; the one at the interval is reported below, with its checkpoint
+            row = _rows(run_dir)[-1]
+            if isinstance(row.get("eval_reward"), (int, float)) and row["timesteps"] < until:
+                window = (history + [row["eval_reward"]])[-config["window"]:]
+                history.append(row["eval_reward"])
+                tune.report({"score": sum(window) / len(window), "timesteps": row["timesteps"],
+                             "run_dir": str(run_dir), "finished": False})
+
+        seen = len(history)
+        summary = run(compose(overrides), run_dir, on_iteration=report_evaluation)
+        rows = _rows(run_dir)
+        del history[seen:]
         history += [r["eval_reward"] for r in rows if isinstance(r.get("eval_reward"), (int, float))
                     and r["timesteps"] > timesteps]
         timesteps = rows[-1]["timesteps"]
@@ -73,6 +88,10 @@ def trainable(config: dict) -> None:
                           "finished": not summary["paused"]}, checkpoint=tune.Checkpoint.from_directory(folder))
         if not summary["paused"]:
             return
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def _timesteps(run_dir: Path) -> int:
@@ -130,7 +149,7 @@ def main() -> None:
         tune_config=tune.TuneConfig(scheduler=scheduler, metric="score", mode="max",
                                     max_concurrent_trials=args.population),
         run_config=tune.RunConfig(name="ray_pbt", storage_path=str(args.out.resolve()),
-                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2), verbose=1))
+                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=4), verbose=1))
     began = time.perf_counter()
     results = tuner.fit()
     wall = time.perf_counter() - began
