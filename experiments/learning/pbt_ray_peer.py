@@ -14,7 +14,8 @@ it with a checkpoint (the run's newest fiberrl checkpoint): an exploited trial s
 donor's, copied into a fresh run directory, with the settings Ray chose, just as fiberrl's sweeper does.
 Ray's perturbations are its own (x0.8 or x1.2, resampled with probability 0.25); values are kept
 inside the mutation ranges, as fiberrl's are.  Ray keeps 4 checkpoints a trial (it warns that 2 or
-fewer can lose the one another trial exploits).  Writes DIR/ray_results.json: per trial its final run directory and score.
+fewer can lose the one another trial exploits).  Writes DIR/ray_results.json: per trial its final run
+directory and score.
 """
 from __future__ import annotations
 
