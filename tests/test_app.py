@@ -84,10 +84,11 @@ def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
     first = fiberrl_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
     assert first.returncode == 0, first.stderr
     before = (run_dir / "metrics.jsonl").read_text()
-    other = fiberrl_cli([*TINY, "algo.iterations=2", "algo.sigma=0.5", f"resume={run_dir}"], tmp_path)
+    # (not algo.sigma: a setting the algorithm declares tunable may change, fiberrl.algorithm)
+    other = fiberrl_cli([*TINY, "algo.iterations=2", "algo.weight_decay=0.5", f"resume={run_dir}"], tmp_path)
     assert other.returncode == 2
     assert re.fullmatch(r"error: the checkpoint \S+000000.npz was made with other settings "
-                        r"\(algo.sigma=0.02 there, 0.5 here\); resume with the settings in "
+                        r"\(algo.weight_decay=0.005 there, 0.5 here\); resume with the settings in "
                         r"\S+config.yaml or start a new run\n", other.stderr), other.stderr
     assert (run_dir / "metrics.jsonl").read_text() == before  # the run is untouched
     again = fiberrl_cli([*TINY, "algo.iterations=2", f"resume={run_dir}"], tmp_path)

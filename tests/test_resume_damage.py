@@ -207,7 +207,7 @@ def test_a_failed_resume_leaves_no_noise_table(tmp_path, failure):
             es(tmp_path, "run", ["algo.iterations=3", f"resume={tmp_path / 'run'}"])
     else:
         with pytest.raises(CheckpointMismatch):
-            es(tmp_path, "run", ["algo.iterations=3", "algo.sigma=0.5", f"resume={tmp_path / 'run'}"])
+            es(tmp_path, "run", ["algo.iterations=3", "algo.weight_decay=0.5", f"resume={tmp_path / 'run'}"])
     assert noise_tables() == before
 
 
