@@ -47,8 +47,11 @@ if __name__ == "__main__":
 
 
 def sweep(args, cwd, env=None, timeout=180, wait=True):
+    # Ctrl-C as a terminal delivers it: pytest run in the background of a shell inherits SIGINT ignored,
+    # and Python then leaves it ignored in the sweep
     proc = subprocess.Popen([PYTHON, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if not wait:
         return proc
     try:
