@@ -23,8 +23,8 @@ sweep cut short is resumed by its own command, a Ray sweep cut short starts agai
     python experiments/learning/bench_pbt.py --out /tmp/pbt_smoke --member-steps 32768 --interval 16384 \\
         --seeds 0 --eval-episodes 2                                              # a smoke test
 
-Flags: --seeds (default 0 1), --population (4), --member-steps (600,000 env steps each), --interval
-(98,304 = 12 updates), --which (pbt independent ray), --eval-episodes (100), --ray-python (default:
+Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
+--interval (81,920 = 10 updates), --which (pbt independent ray), --eval-episodes (100), --ray-python (default:
 this interpreter; without Ray the peer is skipped with the reason).
 """
 from __future__ import annotations
@@ -130,8 +130,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--population", type=int, default=4)
-    parser.add_argument("--member-steps", type=int, default=600_000)
-    parser.add_argument("--interval", type=int, default=98_304)
+    parser.add_argument("--member-steps", type=int, default=491_520)
+    parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
                         choices=["pbt", "independent", "ray"])
     parser.add_argument("--eval-episodes", type=int, default=100)
