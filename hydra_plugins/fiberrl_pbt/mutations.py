@@ -38,7 +38,7 @@ class Mutation:
             value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
         else:
             value = rng.uniform(self.low, self.high)
-        return self._fit(value)
+        return self.fit(value)
 
     def explore(self, value, rng) -> Any:
         """``value`` perturbed, or resampled with probability ``resample``."""
@@ -49,9 +49,10 @@ class Mutation:
                 return self.sample(rng)
             index = self.choices.index(value) + (1 if rng.random() < 0.5 else -1)
             return self.choices[min(max(index, 0), len(self.choices) - 1)]
-        return self._fit(value * self.factors[int(rng.integers(len(self.factors)))])
+        return self.fit(value * self.factors[int(rng.integers(len(self.factors)))])
 
-    def _fit(self, value: float):
+    def fit(self, value: float):
+        """``value`` kept in the interval, as the setting's type and a command line take it."""
         value = min(max(value, self.low), self.high)
         # 6 significant digits: the value goes on a command line and into pbt.jsonl as it is
         return int(round(value)) if self.integer else float(f"{value:.6g}")

@@ -213,10 +213,9 @@ class PBTSweeper(Sweeper):
         swept = {o.key_or_group: o.input_line.split("=", 1)[1] for o in overrides if o.is_sweep_override()}
         self.fixed = [o.input_line for o in overrides if not o.is_sweep_override() and o.key_or_group != "seed"]
         base = self.hydra_context.config_loader.load_sweep_config(self.config, list(self.fixed))
-        self.base_seed = int(base.seed) + 0
+        # member i runs with seed + i: the command line's seed, else the config's
         seeds = [o for o in overrides if o.key_or_group == "seed" and not o.is_sweep_override()]
-        if seeds:
-            self.base_seed = int(seeds[-1].value())
+        self.base_seed = int(seeds[-1].value()) if seeds else int(base.seed)
         self.decision_seed = self.seed if self.seed is not None else self.base_seed
         record = algorithm(base.algo.name)
         self.record = record
@@ -237,7 +236,7 @@ class PBTSweeper(Sweeper):
             raise PBTError("hydra.sweeper.metric=eval_reward, but the runs do not evaluate (algo.eval_episodes or "
                            "algo.eval_every is 0); evaluate, or rank by another metric")
         for mutation in self.mutations:  # every value a member may take must be a setting that runs
-            ends = mutation.choices or (mutation._fit(mutation.low), mutation._fit(mutation.high))
+            ends = mutation.choices or (mutation.fit(mutation.low), mutation.fit(mutation.high))
             for value in ends:
                 try:
                     self.launcher.check_overrides(self.fixed + [f"{mutation.key}={_value(value)}"])
