@@ -240,7 +240,8 @@ class RunDirectory:
         retuned = [f"{k}={ours[k]!r} (it ran with {theirs[k]!r})" for k in sorted(self.tunable & theirs.keys())
                    if k in ours and theirs[k] != ours[k]]
         for key in self.tunable:
-            theirs.pop(key, None), ours.pop(key, None)
+            theirs.pop(key, None)
+            ours.pop(key, None)
         if theirs != ours:
             diff = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
                     if theirs.get(k) != ours.get(k)]
