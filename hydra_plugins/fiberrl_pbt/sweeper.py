@@ -155,7 +155,10 @@ class PBTSweeper(Sweeper):
         if standings is None:
             standings = self._standings()
         standings = {**standings, member.index: member.standing(self.window)}  # with its checkpoint's state
-        donor, passed_over = None, set()
+        # a member copies only a point past where its own segment began: each exploit moves it forward, so two
+        # members cannot copy each other's last ready points back and forth for ever
+        donor, passed_over = None, set() if damaged else {
+            i for i, s in standings.items() if s is not None and s.timesteps <= current.start_timesteps}
         if damaged or current.timesteps >= self.burn_in:
             while True:  # a donor whose checkpoint is damaged is passed over
                 donor = choose_donor(member.index, standings, self.mode == "max", self.quantile, rng,
