@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON, ROOT, wait_until
-from helpers.script_runs import session_members
+from helpers.script_runs import run_sweep
 from helpers.small_runs import SMALL_PPO, small_es
 
 # this file's own seed and noise table size (helpers/small_runs.py)
@@ -22,18 +22,7 @@ SMALL_POPULATION = ["hydra.sweeper.population=3", "hydra.sweeper.quantile=0.34",
 
 
 def sweep(args, timeout=300, wait=True):
-    proc = subprocess.Popen([PYTHON, *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    if not wait:
-        return proc
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
-    assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
-    return proc.returncode, out, err
+    return run_sweep(args, ROOT, timeout=timeout, wait=wait)
 
 
 def lineage(sweep_dir: Path, kind: str | None = None) -> list[dict]:

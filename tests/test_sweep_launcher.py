@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, wait_until
-from helpers.script_runs import session_members
+from conftest import ROOT, wait_until
+from helpers.script_runs import run_sweep as sweep
 
 pytestmark = pytest.mark.slow  # the tests here start processes
 
@@ -44,24 +44,6 @@ def app(cfg):
 if __name__ == "__main__":
     app()
 """
-
-
-def sweep(args, cwd, env=None, timeout=180, wait=True):
-    # Ctrl-C as a terminal delivers it: pytest run in the background of a shell inherits SIGINT ignored,
-    # and Python then leaves it ignored in the sweep
-    proc = subprocess.Popen([PYTHON, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    if not wait:
-        return proc
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
-    assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
-    return proc.returncode, out, err
 
 
 def table(sweep_dir: Path) -> list[dict]:

@@ -63,3 +63,23 @@ def run_script(path: str, env: dict, *args: str, returncode: int = 0, quiet: boo
         assert err == "", f"{name} wrote on stderr:\n{err}\nstdout:\n{out}"
     assert not left, f"{name} left processes running after it ended: {left}"
     return Run(out, err, proc.returncode, seconds)
+
+
+def run_sweep(args, cwd, env=None, timeout=180, wait=True):
+    """A Hydra sweep (``python <args>``) in its own session: (exit status, stdout, stderr), checked to leave
+    no process behind; with ``wait=False``, the Popen."""
+    # Ctrl-C as a terminal delivers it: pytest run in the background of a shell inherits SIGINT ignored,
+    # and Python then leaves it ignored in the sweep
+    proc = subprocess.Popen([PYTHON, *args], cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    if not wait:
+        return proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
+    assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
+    return proc.returncode, out, err
