@@ -67,6 +67,8 @@ from .on_policy import checkpoint
 from .on_policy.envs import env_spec, probe_spaces, remote_envs
 from .on_policy.evaluation import Policy, evaluate, run_episode
 from .on_policy.learner import Learner
+from .on_policy.peers import SOLO
+from .on_policy.ring_learners import check_learners, train_on_ring
 from .on_policy.rollouts import Cursor, Rollouts
 
 log = logging.getLogger("fiberrl")
@@ -121,6 +123,15 @@ class Config:
     # step the next rollout with the policy before each update while the update trains (Sample Factory's,
     # IMPALA's): each update learns from data one policy old, its ratio taken to the policy that acted
     async_rollouts: bool = setting(False, ANY)
+    # learners, each a Ring member with workers / learners of the env servers, its own rollout, and the
+    # gradient averaged over all at every minibatch step (DD-PPO); 1: one learner in the run's process
+    learners: int = setting(1, at_least(1))
+    # DD-PPO's preemption threshold: once this share of the learners has its rollout, the others end theirs
+    # (after a quarter of its steps at least); None: every rollout is whole
+    preempt_share: float | None = setting(None, optional(between(0, 1).because("a share of the learners"),
+                                                         "whole rollouts"))
+    # times a run of several learners starts the Ring again from its last checkpoint after a learner died
+    ring_restarts: int = setting(3, at_least(0))
 
 
 # --- the networks ------------------------------------------------------------
@@ -237,10 +248,11 @@ def gae(rewards, values, ends, last_value, gamma: float, gae_lambda: float):
 
 # --- the update ------------------------------------------------------------------
 
-def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Generator) -> dict:
-    """``update_epochs`` passes of minibatch steps on the clipped objective; returns the losses."""
+def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Generator, peers=SOLO) -> dict:
+    """``update_epochs`` passes of minibatch steps on the clipped objective; returns the losses.  With
+    several learners (``peers``) each steps on its minibatch of its own batch, and the gradient, the
+    advantages' normalisation and the KL are those of all of theirs together."""
     size = batch["obs"].shape[0]
-    minibatch = size // algo.num_minibatches
     log_std = agent.actor_logstd if algo.std_never_rises and getattr(agent, "continuous", False) else None
     # capped once per update, not per minibatch step: capping each step would keep every chance fall of the
     # noisy step and drop every rise, and walk the std down to nothing (seen: std 0.6 -> 0.06 in 3.5M steps)
@@ -248,8 +260,8 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
     clipfracs = []
     for _epoch in range(algo.update_epochs):
         order = torch.as_tensor(rng.permutation(size), device=batch["obs"].device)
-        for start in range(0, size, minibatch):
-            mb = order[start:start + minibatch]
+        # as many minibatches as every other learner takes, however short a preempted rollout left this batch
+        for mb in torch.tensor_split(order, algo.num_minibatches):
             _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch["obs"][mb], batch["actions"][mb])
             logratio = newlogprob - batch["logprobs"][mb]
             ratio = logratio.exp()
@@ -260,7 +272,7 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
 
             advantages = batch["advantages"][mb]
             if algo.norm_adv:
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                advantages = peers.normalize(advantages)
             pg_loss = torch.max(-advantages * ratio,
                                 -advantages * torch.clamp(ratio, 1 - algo.clip_coef, 1 + algo.clip_coef)).mean()
 
@@ -275,9 +287,10 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             loss = pg_loss - algo.ent_coef * entropy_loss + v_loss * algo.vf_coef
             optimizer.zero_grad()
             loss.backward()
+            peers.average_gradients(agent.parameters())
             nn.utils.clip_grad_norm_(agent.parameters(), algo.max_grad_norm)
             optimizer.step()
-        if algo.target_kl is not None and approx_kl > algo.target_kl:
+        if algo.target_kl is not None and peers.mean(approx_kl) > algo.target_kl:
             break
     if log_std is not None:
         with torch.no_grad():
@@ -309,6 +322,7 @@ def check_settings(cfg) -> None:
         raise UsageError(f"a batch of {batch} steps (workers={cfg.workers} x algo.envs_per_worker="
                          f"{algo.envs_per_worker} x algo.num_steps={algo.num_steps}) does not split into "
                          f"algo.num_minibatches={algo.num_minibatches} equal minibatches")
+    check_learners(cfg)
     if algo.total_timesteps < batch:
         raise UsageError(f"algo.total_timesteps={algo.total_timesteps} is less than one batch ({batch} steps)")
     probe_spaces(env_spec(cfg), fits=lambda observations, actions: make_agent(observations, actions, [1]))
@@ -318,23 +332,56 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
     """Run PPO as ``cfg`` (the composed app config) says, writing into ``run``
     (a ``fiberrl.run.RunDirectory``).  ``on_iteration(update, envs)`` is called
     after every update.  ``make_envs(cfg, spec, history, generations)`` builds the
-    batch of envs (``RemoteEnvs`` by default; benchmarks pass another)."""
-    algo = cfg.algo
+    batch of envs (``RemoteEnvs`` by default; benchmarks pass another).  With
+    ``algo.learners`` > 1 the learners are Ring members (``on_policy.ring_learners``),
+    each running ``learn``, and ``on_iteration`` is given their Ring in place of the envs."""
     check_settings(cfg)
+    if cfg.algo.learners > 1:
+        return train_on_ring(cfg, run, learn, checkpoint_check(cfg), on_iteration)
+    loop = TrainingLoop(run, cfg.algo, num_updates(cfg), until_timesteps=cfg.until_timesteps)
+    return learn(cfg, loop, SOLO, on_iteration, make_envs)
+
+
+def num_updates(cfg) -> int:
+    return cfg.algo.total_timesteps // (cfg.workers * cfg.algo.envs_per_worker * cfg.algo.num_steps)
+
+
+def make_learner(cfg, peers=SOLO) -> Learner:
+    """The agent as ``cfg.seed`` makes it, with its learner, for ``peers.rank`` of ``peers.size``."""
+    algo = cfg.algo
     device = torch.device("cuda" if algo.device == "cuda" or (algo.device == "auto" and torch.cuda.is_available())
                           else "cpu")
-    spec = env_spec(cfg)
-    observation_space, action_space = probe_spaces(spec)
-    num_envs = cfg.workers * algo.envs_per_worker
-    batch_size = num_envs * algo.num_steps
-    num_updates = algo.total_timesteps // batch_size
-
+    observation_space, action_space = probe_spaces(env_spec(cfg))
     torch.manual_seed(cfg.seed)
     agent = make_agent(observation_space, action_space, algo.hidden, algo.log_std_init).to(device)
-    learner = Learner(agent, algo, num_envs, observation_space.shape, cfg.seed, device)
-    optimizer = learner.optimizer
+    peers.broadcast_parameters(agent)
+    if peers.rank:  # every learner samples its own actions
+        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, 3, peers.rank]).generate_state(1)[0]))
+    num_envs = cfg.workers * algo.envs_per_worker // peers.size
+    return Learner(agent, algo, num_envs, observation_space.shape, cfg.seed, device, peers)
 
-    loop = TrainingLoop(run, algo, num_updates, until_timesteps=cfg.until_timesteps)
+
+def checkpoint_check(cfg):
+    """What a checkpoint of ``cfg``'s run must hold: ``check(arrays, values)``, raising DamagedFile."""
+    learner, num_envs = make_learner(cfg), cfg.workers * cfg.algo.envs_per_worker
+
+    def check(arrays: dict, values: dict) -> None:
+        checkpoint.check(arrays, values, learner, num_envs)
+        checkpoint.check_learners(arrays, values, cfg.algo.learners)
+    return check
+
+
+def learn(cfg, loop, peers, on_iteration=None, make_envs=remote_envs) -> dict:
+    """PPO's updates as ``loop`` (a TrainingLoop, or a Ring member's view of one) runs them, as learner
+    ``peers.rank`` of ``peers.size``; returns the run's summary."""
+    algo = cfg.algo
+    spec = env_spec(cfg)
+    observation_space, action_space = probe_spaces(spec)
+    num_envs = cfg.workers * algo.envs_per_worker // peers.size  # this learner's
+    updates = num_updates(cfg)
+    learner = make_learner(cfg, peers)
+    agent, optimizer, device = learner.agent, learner.optimizer, learner.device
+
     saved = loop.resume(lambda arrays, values: checkpoint.check(arrays, values, learner, num_envs))
     restored = checkpoint.restore(*saved, learner) if saved is not None else None
     envs = make_envs(cfg, spec, restored and restored.history, restored and restored.generations)
@@ -347,17 +394,17 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
                         "a function of its seed and actions?); the resumed run goes on from where they are")
         # the uninterrupted run's normaliser had seen these observations before its checkpoint
         cursor = Cursor(raw_obs, learner.observe(raw_obs, update=saved is None))
-        rollouts = Rollouts(learner, envs, cursor, observation_space, action_space, algo, num_envs, num_updates)
+        rollouts = Rollouts(learner, envs, cursor, observation_space, action_space, algo, num_envs, updates)
         if saved is not None and checkpoint.has_pending(saved[0]):
             checkpoint.restore_pending(rollouts.restore_pending(loop.start), *saved)
         for update in loop:
             t0 = time.perf_counter()
             # set at every update: a resume may give another learning rate than the optimizer's state holds (PBT)
-            optimizer.param_groups[0]["lr"] = algo.learning_rate * ((1.0 - update / num_updates) if algo.anneal_lr
+            optimizer.param_groups[0]["lr"] = algo.learning_rate * ((1.0 - update / updates) if algo.anneal_lr
                                                                     else 1.0)
-            rollout = rollouts.next(update)
+            rollout = rollouts.next(update).collected()
             t_rollout = time.perf_counter() - t0
-            loop.timesteps += batch_size
+            loop.timesteps += peers.total(rollout.steps * num_envs)
 
             with torch.no_grad():
                 advantages, returns = gae(rollout.rewards, rollout.values, rollout.ends, rollout.next_value,
@@ -366,19 +413,22 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
                          actions=rollout.actions.reshape((-1, *action_space.shape)),
                          logprobs=rollout.logprobs.reshape(-1), advantages=advantages.reshape(-1),
                          returns=returns.reshape(-1), values=rollout.values.reshape(-1))
-            losses = ppo_update(agent, optimizer, batch, algo, learner.rng)
+            losses = ppo_update(agent, optimizer, batch, algo, learner.rng, peers)
             t_update = time.perf_counter() - t0 - t_rollout
             t_wait = rollouts.wait()
 
             eval_reward = None
-            if algo.eval_every and algo.eval_episodes and ((update + 1) % algo.eval_every == 0
-                                                          or update + 1 == num_updates):
+            if peers.rank == 0 and algo.eval_every and algo.eval_episodes and ((update + 1) % algo.eval_every == 0
+                                                                              or update + 1 == updates):
                 eval_env = eval_env or spec.make()
                 policy = Policy(agent, action_space, learner.obs_rms, algo.obs_clip, spec.atari, device,
                                 algo.eval_deterministic)
                 eval_reward = evaluate(eval_env, policy, algo.eval_episodes, update)
 
-            episodes, restarts = rollout.episodes, restarts_before + envs.restarts
+            # with several learners, every learner's (their envs numbered in the whole batch)
+            episodes = [e._replace(env=rank * num_envs + e.env)
+                        for rank, part in enumerate(peers.gather(rollout.episodes)) for e in part]
+            restarts = restarts_before + envs.restarts
             returns_ = [e.reward for e in episodes]
             episodic_return = float(np.mean(returns_)) if returns_ else None
             metrics = {"rollout_s": t_rollout, "update_s": t_update, "rollout_wait_s": t_wait,
@@ -387,7 +437,8 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
                        "charts/learning_rate": optimizer.param_groups[0]["lr"],
                        "charts/episodic_return": episodic_return,
                        "charts/episodic_length": float(np.mean([e.length for e in episodes])) if episodes else None,
-                       "charts/episodes": len(episodes), "charts/env_server_restarts": restarts, **losses}
+                       "charts/episodes": len(episodes), "charts/env_server_restarts": peers.total(restarts),
+                       **losses}
             if loop.end(update, metrics, eval_reward=eval_reward,
                         best=lambda: (checkpoint.policy_arrays(agent, learner.obs_rms),
                                       dict(iteration=update, timesteps=loop.timesteps, eval_reward=eval_reward)),
@@ -400,7 +451,7 @@ def train(cfg, run, on_iteration=None, make_envs=remote_envs) -> dict:
         envs.close()
         if eval_env is not None:
             eval_env.close()
-    return loop.summary(env_server_restarts=restarts_before + envs.restarts,
+    return loop.summary(env_server_restarts=peers.total(restarts_before + envs.restarts),
                         episodic_return=episodic_return,
                         agent=agent)
 

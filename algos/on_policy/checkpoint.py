@@ -10,6 +10,13 @@ checks and unpacks them.
                                       async rollouts: the rollout collected during the last update
     values env_server_restarts        env servers replaced so far
 
+With several learners (``algo.learners=K``) rank 0 writes one checkpoint of
+them all (``merge``): the state they share (network, optimizer, normalisers)
+once, each env under its place in the whole batch as above, and each learner's
+own random generators (``learner/<k>/torch_rng``, values ``learner_rngs``) and
+count of its env servers replaced (values ``learner_restarts``); ``share`` gives
+learner k its part back.
+
 The training loop (``fiberrl.training``) adds its own: iteration, timesteps, time_s, best.
 """
 from __future__ import annotations
@@ -57,9 +64,8 @@ def load_agent(agent, arrays: dict) -> None:
 def load_rms(arrays: dict, prefix: str) -> RunningMeanStd | None:
     if f"{prefix}/mean" not in arrays:
         return None
-    rms = RunningMeanStd()
-    rms.mean, rms.var, rms.count = arrays[f"{prefix}/mean"], arrays[f"{prefix}/var"], float(arrays[f"{prefix}/count"])
-    return rms
+    return RunningMeanStd(mean=arrays[f"{prefix}/mean"], var=arrays[f"{prefix}/var"],
+                          count=float(arrays[f"{prefix}/count"]))
 
 
 # --- the whole run ----------------------------------------------------------------------
@@ -178,3 +184,62 @@ def env_history(arrays: dict, values: dict) -> list[SlotHistory] | None:
         return None
     return [SlotHistory(episode, arrays[f"env/{i}/actions"], arrays[f"env/{i}/life_resets"],
                         arrays.get(f"env/{i}/start")) for i, episode in enumerate(values["env_episodes"])]
+
+
+# --- several learners -----------------------------------------------------------------------
+
+def merge(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """One checkpoint of K learners' ``pack``s, in rank order."""
+    arrays, values = dict(parts[0][0]), dict(parts[0][1])
+    envs = len(arrays["discounted"])  # each learner's
+    arrays = {k: v for k, v in arrays.items() if not k.startswith("env/")}
+    for rank, (own, _) in enumerate(parts):
+        for key, value in own.items():
+            if key.startswith("env/"):
+                _, index, name = key.split("/", 2)
+                arrays[f"env/{rank * envs + int(index)}/{name}"] = value
+        for name in ("torch_rng", "cuda_rng"):
+            if name in own:
+                arrays[f"learner/{rank}/{name}"] = own[name]
+    arrays["discounted"] = np.concatenate([own["discounted"] for own, _ in parts])
+    if "next_obs" in arrays:
+        arrays["next_obs"] = np.concatenate([own["next_obs"] for own, _ in parts])
+    if values.get("env_episodes") is not None:
+        values["env_episodes"] = [e for _, own in parts for e in own["env_episodes"]]
+        values["env_generations"] = [g for _, own in parts for g in own["env_generations"]]
+    values["learner_rngs"] = [own["rng"] for _, own in parts]
+    values["learner_restarts"] = [own["env_server_restarts"] for _, own in parts]
+    values["env_server_restarts"] = sum(values["learner_restarts"])
+    return arrays, values
+
+
+def share(arrays: dict, values: dict, rank: int, learners: int) -> tuple[dict, dict]:
+    """Learner ``rank``'s part of a checkpoint of ``learners`` (``merge``'s), as its own ``pack`` was."""
+    envs = len(arrays["discounted"]) // learners
+    mine = range(rank * envs, (rank + 1) * envs)
+    own = {k: v for k, v in arrays.items() if not k.startswith(("env/", "learner/"))}
+    for key, value in arrays.items():
+        if key.startswith("env/"):
+            _, index, name = key.split("/", 2)
+            if int(index) in mine:
+                own[f"env/{int(index) - mine.start}/{name}"] = value
+        elif key.startswith(f"learner/{rank}/"):
+            own[key.rsplit("/", 1)[1]] = value
+    own["discounted"] = arrays["discounted"][mine.start:mine.stop]
+    if "next_obs" in arrays:
+        own["next_obs"] = arrays["next_obs"][mine.start:mine.stop]
+    values = dict(values, rng=values["learner_rngs"][rank], env_server_restarts=values["learner_restarts"][rank])
+    if values.get("env_episodes") is not None:
+        servers = len(values["env_generations"]) // learners
+        values["env_episodes"] = values["env_episodes"][mine.start:mine.stop]
+        values["env_generations"] = values["env_generations"][rank * servers:(rank + 1) * servers]
+    return own, values
+
+
+def check_learners(arrays: dict, values: dict, learners: int) -> None:
+    """Raise DamagedFile unless a checkpoint holds what ``share`` reads for ``learners`` learners."""
+    require(arrays, values, [f"learner/{k}/torch_rng" for k in range(learners)],
+            ["learner_rngs", "learner_restarts"])
+    for name in ("learner_rngs", "learner_restarts"):
+        if len(values[name]) != learners:
+            raise DamagedFile(f"it holds {len(values[name])} {name}, not {learners}")

@@ -55,7 +55,10 @@ def probe_spaces(spec: EnvSpec, fits=None) -> tuple[gym.Space, gym.Space]:
     return env.observation_space, env.action_space
 
 
-def remote_envs(cfg, spec: EnvSpec, history=None, generations=None) -> RemoteEnvs:
-    """``cfg.workers`` env servers of ``algo.envs_per_worker`` envs each, rebuilt from ``history`` on a resume."""
-    return RemoteEnvs(spec, cfg.workers, cfg.algo.envs_per_worker, cfg.seed, timeout=cfg.algo.env_timeout,
-                      history=history, generations=generations)
+def remote_envs(cfg, spec: EnvSpec, history=None, generations=None, learner: int = 0, learners: int = 1) -> RemoteEnvs:
+    """``cfg.workers`` env servers of ``algo.envs_per_worker`` envs each, rebuilt from ``history`` on a resume;
+    with several learners, learner ``learner``'s share of them, its envs numbered on from the learners' before."""
+    servers = cfg.workers // learners
+    return RemoteEnvs(spec, servers, cfg.algo.envs_per_worker, cfg.seed, timeout=cfg.algo.env_timeout,
+                      history=history, generations=generations,
+                      first_slot=learner * servers * cfg.algo.envs_per_worker)

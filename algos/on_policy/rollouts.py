@@ -36,8 +36,17 @@ class Rollout:
     episodes: list = field(default_factory=list)  # whole episodes that ended in it
     seconds: float = 0.0                          # to collect it...
     inference_s: float = 0.0                      # ...of which the policy's forward passes
+    steps: int | None = None                      # steps per env, fewer than num_steps when preempted
 
     TENSORS = ("obs", "actions", "logprobs", "rewards", "ends", "values", "next_value")
+
+    def collected(self) -> Rollout:
+        """Its steps that were collected: all of them unless a straggler's rollout was cut short."""
+        if self.steps is None or self.steps == self.obs.shape[0]:
+            return self
+        cut = {name: getattr(self, name)[:self.steps] for name in self.TENSORS if name != "next_value"}
+        return Rollout(**cut, next_value=self.next_value, episodes=self.episodes, seconds=self.seconds,
+                       inference_s=self.inference_s, steps=self.steps)
 
 
 def new_rollout(num_steps: int, num_envs: int, observation_space, action_space, algo, device) -> Rollout:
@@ -66,10 +75,13 @@ def bootstrap_truncated(rewards: np.ndarray, final_values: dict, gamma: float) -
     return rewards
 
 
-def collect(rollout: Rollout, actor, envs, learner: Learner, cursor: Cursor, action_space, algo) -> None:
-    """Fill ``rollout`` with ``algo.num_steps`` steps of every env from ``cursor`` on, ``actor`` acting."""
+def collect(rollout: Rollout, actor, envs, learner: Learner, cursor: Cursor, action_space, algo,
+            update: int = 0) -> None:
+    """Fill ``rollout`` with ``algo.num_steps`` steps of every env from ``cursor`` on, ``actor`` acting;
+    fewer when the learner's peers say this straggler's rollout ends early (``algo.preempt_share``)."""
     began, inference = time.perf_counter(), 0.0
-    rollout.episodes = []
+    rollout.episodes, rollout.steps = [], algo.num_steps
+    peers = learner.peers
     for step in range(algo.num_steps):
         rollout.obs[step] = cursor.obs
         t = time.perf_counter()
@@ -90,6 +102,11 @@ def collect(rollout: Rollout, actor, envs, learner: Learner, cursor: Cursor, act
         rollout.ends[step] = torch.as_tensor(ended, dtype=torch.float32, device=rollout.ends.device)
         cursor.raw, cursor.obs = result.obs, learner.observe(result.obs)
         rollout.episodes += result.episodes
+        if peers.cut_short(update, step):
+            rollout.steps = step + 1
+            break
+    peers.rollout_done(update)
+    learner.share_statistics(cursor)
     with torch.no_grad():
         rollout.next_value = actor.get_value(cursor.obs)
     rollout.seconds, rollout.inference_s = time.perf_counter() - began, inference
@@ -131,7 +148,8 @@ class Rollouts:
             if self.one_thread:
                 torch.set_num_threads(ROLLOUT_THREADS)
             try:
-                collect(rollout, self.actor, self.envs, self.learner, self.cursor, self.action_space, self.algo)
+                collect(rollout, self.actor, self.envs, self.learner, self.cursor, self.action_space, self.algo,
+                        update)
             finally:
                 if self.one_thread:
                     torch.set_num_threads(self.learner_threads)

@@ -269,16 +269,19 @@ EnvServerManager.register("EnvServer", make_env_server, exposed=("spaces", "rese
 
 class RemoteEnvs:
     """``servers`` env servers of ``envs_per_server`` envs each, as one batch of
-    ``num_envs`` envs in slot order (server 0's envs first).
+    ``num_envs`` envs in slot order (server 0's envs first).  ``first_slot``: where they
+    begin in a batch that several learners share (PPO's ``algo.learners``), whose slots
+    seed the envs' episodes, so that the batch is the same however it is split.
 
     It also keeps each slot's ``SlotHistory`` from what it sends and receives,
     so ``history()`` costs no round trip and survives a server's loss."""
 
     def __init__(self, spec: EnvSpec, servers: int, envs_per_server: int, seed: int, timeout: float = 60.0,
-                 history: list[SlotHistory] | None = None, generations: list[int] | None = None):
+                 history: list[SlotHistory] | None = None, generations: list[int] | None = None,
+                 first_slot: int = 0):
         if servers < 1 or envs_per_server < 1:
             raise ValueError(f"{servers} servers of {envs_per_server} envs: each needs at least one")
-        self.spec, self.seed, self.timeout = spec, seed, timeout
+        self.spec, self.seed, self.timeout, self.first_slot = spec, seed, timeout, first_slot
         self.replayable = spec.engine != "envpool"  # whether history() can rebuild the envs: kept only then
         self.num_servers, self.envs_per_server = servers, envs_per_server
         self.num_envs = servers * envs_per_server
@@ -301,7 +304,7 @@ class RemoteEnvs:
             with ThreadPoolExecutor(min(servers, 16)) as threads:
                 list(threads.map(lambda m: m.start(), self.managers))
             for k in range(servers):
-                self.servers[k] = self.managers[k].EnvServer(spec, seed, self.slots(k), self.generations[k])
+                self.servers[k] = self.managers[k].EnvServer(spec, seed, self.seed_slots(k), self.generations[k])
             self.single_observation_space, self.single_action_space = self.servers[0].spaces().get(timeout)
         except BaseException:
             self.close()
@@ -309,6 +312,10 @@ class RemoteEnvs:
 
     def slots(self, server: int) -> range:
         return range(server * self.envs_per_server, (server + 1) * self.envs_per_server)
+
+    def seed_slots(self, server: int) -> list[int]:
+        """Server ``server``'s slots in the whole batch: what seeds its envs' episodes."""
+        return [self.first_slot + slot for slot in self.slots(server)]
 
     def reset(self) -> np.ndarray:
         """The first observations (when made with a history: those of the rebuilt envs)."""
@@ -404,7 +411,8 @@ class RemoteEnvs:
             self.generations[k] += 1
             try:
                 self.managers[k].restart()
-                self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, list(slots), self.generations[k])
+                self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, self.seed_slots(k),
+                                                           self.generations[k])
                 obs = self.servers[k].reset().get(self.timeout)
                 break
             except (ManagerError, TimeoutError) as exc:

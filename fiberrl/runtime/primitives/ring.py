@@ -72,7 +72,9 @@ class RingMember:
 class RingNode:
     """What a member's initializer is given: its place in the ring and the
     rendezvous address (``master_addr``, ``master_port``), free for rank 0's
-    torch to bind."""
+    torch to bind.  After ``init_process_group``, ``store`` is the group's
+    ``torch.distributed.TCPStore``, for counters of the members' own (keys under
+    ``fiberrl/`` are the Ring's)."""
 
     def __init__(self, rank: int, size: int, members: list[RingMember], gpu: bool):
         self.rank = rank
@@ -82,6 +84,7 @@ class RingNode:
         self.master_port = members[0].port
         self._gpu = gpu
         self._owns_group = False
+        self.store = None
 
     def init_process_group(self, backend: str | None = None,
                            timeout: float | datetime.timedelta = 300.0) -> None:
@@ -101,7 +104,7 @@ class RingNode:
         if backend == "nccl":
             self._refuse_a_shared_gpu(store, torch)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
-        self._owns_group = True
+        self.store, self._owns_group = store, True
 
     def _refuse_a_shared_gpu(self, store, torch) -> None:
         """NCCL refuses two ranks on one GPU with a page of its own (members with meta(gpu=1) on a
@@ -151,13 +154,19 @@ class Ring:
         self.initargs = tuple(initargs)
         self._resources = resources_of(func) or resources_of(initializer)
         self._ran = False
+        self._members: list[Process] = []
+
+    def pids(self) -> list[int | None]:
+        """The members' pids in rank order, once ``run()`` has started them (the backend's job ids
+        where a job has no pid here)."""
+        return [p.pid for p in self._members]
 
     def run(self) -> list:
         if self._ran:
             raise RuntimeError("a Ring runs once; create a new Ring to run again")
         self._ran = True
         results, roster = Queue(), Queue()
-        members: list[Process] = []
+        members: list[Process] = self._members
         finished = False
         try:
             for rank in range(self.size):

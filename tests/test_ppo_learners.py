@@ -1,0 +1,229 @@
+"""PPO with several learners on a Ring (``algo.learners=K``, DD-PPO): one gradient step of K
+learners is one of a single learner on all of their data, a run of K learners resumes exactly,
+goes on through a learner killed mid-run, cuts a straggler's rollout short when asked, and
+refuses what it cannot run in one line.  Every learner is a real Ring member (gloo)."""
+import functools
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import fiberrl.runtime as mp
+from fiberrl.algos.on_policy.peers import RingPeers
+from fiberrl.algos.ppo import make_agent, ppo_update
+from fiberrl.app import UsageError, run, validate
+from fiberrl.app_config import compose
+
+# tests/, where helpers/ is, for the learners and their env servers too: they get our sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
+TIMING = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
+          "rollout_inference_s", "charts/SPS")
+
+
+def _train(tmp_path, name, overrides, on_iteration=None):
+    return run(compose([*FAST, *overrides]), tmp_path / name, on_iteration=on_iteration)
+
+
+def _metrics(run_dir, strip=TIMING):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in strip} for row in rows]
+
+
+def _parameters(agent):
+    return torch.nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
+
+
+# --- one update of K learners is one update of one learner on all their data -----------------
+
+def _settings(target_kl: float | None) -> SimpleNamespace:
+    """The algo.* settings ppo_update reads."""
+    return SimpleNamespace(update_epochs=3, num_minibatches=4, norm_adv=True, clip_coef=0.2, clip_vloss=True,
+                           ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=target_kl, std_never_rises=False)
+
+
+SPACES = (gym.spaces.Box(-5.0, 5.0, (4,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+ROWS = 64  # each learner's
+
+
+def _agent():
+    torch.manual_seed(0)
+    return make_agent(*SPACES, [16, 16])
+
+
+def _batch(rank: int) -> dict:
+    """Learner ``rank``'s batch: observations, actions and their log-probabilities under the starting
+    policy (slightly off, so that ratios and clipping are exercised), advantages, returns, values."""
+    g = torch.Generator().manual_seed(100 + rank)
+    obs, actions = torch.randn(ROWS, 4, generator=g), torch.randn(ROWS, 2, generator=g).clamp(-1, 1)
+    with torch.no_grad():
+        _, logprobs, _, values = _agent().get_action_and_value(obs, actions)
+    return dict(obs=obs, actions=actions, logprobs=logprobs + 0.1 * torch.randn(ROWS, generator=g),
+                advantages=torch.randn(ROWS, generator=g) * 3 + 1, returns=torch.randn(ROWS, generator=g),
+                values=values)
+
+
+def _minibatch_orders(rank: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64([7, rank]))
+
+
+class TogetherOrder:
+    """The one learner's minibatch order that makes each of its minibatches the two learners' together:
+    learner 0's minibatch i, then learner 1's (its rows after learner 0's in the batch)."""
+
+    def __init__(self):
+        self.orders = [_minibatch_orders(0), _minibatch_orders(1)]
+
+    def permutation(self, size: int) -> np.ndarray:
+        mine = [order.permutation(size // 2) for order in self.orders]
+        parts = [np.array_split(o, _settings(None).num_minibatches) for o in mine]
+        return np.concatenate([np.concatenate([a, b + size // 2]) for a, b in zip(*parts, strict=True)])
+
+
+def _join(node):
+    node.init_process_group()
+
+
+def _learner_updates(target_kl: float | None, rank: int, size: int) -> np.ndarray:
+    from torch import distributed as dist
+    agent = _agent()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3, eps=1e-5)
+    ppo_update(agent, optimizer, _batch(rank), _settings(target_kl), _minibatch_orders(rank),
+               RingPeers(rank, size, None, 1, None))
+    assert dist.get_world_size() == 2
+    return _parameters(agent)
+
+
+@pytest.mark.parametrize("target_kl", [None, 0.002])
+def test_two_learners_with_minibatch_b_step_as_one_with_minibatch_2b(target_kl):
+    agent = _agent()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3, eps=1e-5)
+    both = {k: torch.cat([_batch(0)[k], _batch(1)[k]]) for k in _batch(0)}
+    losses = ppo_update(agent, optimizer, both, _settings(target_kl), TogetherOrder())
+    one = _parameters(agent)
+    two = mp.Ring(2, functools.partial(_learner_updates, target_kl), _join).run()
+    np.testing.assert_array_equal(two[0], two[1])  # the learners stay one policy
+    assert np.abs(one - _parameters(_agent())).max() > 1e-3  # the update moved it
+    np.testing.assert_allclose(two[0], one, rtol=0, atol=1e-5)
+    if target_kl is not None:
+        assert losses["losses/approx_kl"] > target_kl  # the epochs were cut short, alike
+
+
+# --- whole runs ---------------------------------------------------------------------------------
+
+# Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
+RUN = ["env=pendulum", "env.engine=gymnasium", "workers=2", "algo.learners=2", "algo.envs_per_worker=1",
+       "algo.num_steps=64", "algo.total_timesteps=768", "algo.checkpoint_every=2", "algo.norm_obs=true",
+       "algo.norm_reward=true", "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(tmp_path, capsys):
+    whole = _train(tmp_path, "whole", RUN)
+    assert whole["iterations"] == 6 and whole["timesteps"] == 768
+    rows = _metrics(tmp_path / "whole")
+    assert [r["timesteps"] for r in rows] == [128 * (i + 1) for i in range(6)]
+    # each env ends one 200-step episode in its 384 steps: both learners' count
+    assert [r["charts/episodes"] for r in rows] == [0, 0, 0, 2, 0, 0]
+
+    # crashed after update 4 (its last checkpoint after update 3) and resumed
+    def crash_after_update_4(update, ring):
+        if update == 4:
+            raise Interrupted
+    with pytest.raises(Interrupted):
+        _train(tmp_path, "parts", RUN, on_iteration=crash_after_update_4)
+    resumed = _train(tmp_path, "parts", [*RUN, f"resume={tmp_path / 'parts'}"])
+    np.testing.assert_array_equal(_parameters(whole["agent"]), _parameters(resumed["agent"]))
+    assert _metrics(tmp_path / "parts") == rows
+
+    # learner 1 killed after update 4: the Ring starts again from the checkpoint after update 3
+    killed = []
+
+    def kill_learner_1(update, ring):
+        if update == 4 and not killed:
+            killed.append(ring.pids()[1])
+            os.kill(killed[0], signal.SIGKILL)
+    capsys.readouterr()
+    survived = _train(tmp_path, "killed", RUN, on_iteration=kill_learner_1)
+    out = capsys.readouterr().out
+    assert killed
+    assert "Ring member rank 1 exited with code -9 (killed by SIGKILL)" in out
+    assert "starting the Ring again from the run's last checkpoint (restart 1 of algo.ring_restarts=3)" in out
+    np.testing.assert_array_equal(_parameters(whole["agent"]), _parameters(survived["agent"]))
+    assert _metrics(tmp_path / "killed") == rows
+
+
+@pytest.mark.slow
+def test_a_learner_that_keeps_dying_ends_the_run_after_the_restarts_allowed(tmp_path, capsys):
+    def kill_learner_0(update, ring):
+        os.kill(ring.pids()[0], signal.SIGKILL)
+    with pytest.raises(mp.RingError, match="rank 0 exited with code -9"):
+        _train(tmp_path, "doomed", [*RUN, "algo.ring_restarts=1"], on_iteration=kill_learner_0)
+    assert "(restart 1 of algo.ring_restarts=1)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_stragglers_rollout_is_cut_short_once_the_others_have_theirs(tmp_path):
+    # learner 1's env servers take 20 ms a step; learner 0's, a fraction of one
+    slowed = ["env.id=helpers.slow_member_env:Slowed-v0", "env.engine=gymnasium", "+env.kwargs.delay=0.02",
+              "workers=2", "algo.learners=2", "algo.envs_per_worker=1", "algo.num_steps=64",
+              "algo.num_minibatches=2", "algo.total_timesteps=512"]
+    whole = _train(tmp_path, "whole", slowed)
+    cut = _train(tmp_path, "cut", [*slowed, "algo.preempt_share=0.5"])
+    assert whole["iterations"] == cut["iterations"] == 4
+    assert [r["timesteps"] for r in _metrics(tmp_path / "whole")] == [128, 256, 384, 512]
+    # learner 0 steps its 64, learner 1 a quarter of its own (DD-PPO's least) before it is told to stop
+    steps = np.diff([0] + [r["timesteps"] for r in _metrics(tmp_path / "cut")])
+    assert all(64 + 16 <= s < 128 for s in steps), steps
+
+
+@pytest.mark.parametrize("args, message", [
+    (["workers=3", "algo.learners=2"], "algo.learners=2 does not divide workers=3: each learner steps an equal "
+                                       "share of the env servers; use a multiple of 2 as workers"),
+    (["workers=2", "algo.learners=2", "algo.num_steps=10", "algo.envs_per_worker=1", "algo.num_minibatches=4"],
+     "each learner's batch of 10 steps (workers/learners=1 x algo.envs_per_worker=1 x algo.num_steps=10) does "
+     "not split into algo.num_minibatches=4 equal minibatches"),
+    (["workers=2", "algo.learners=2", "algo.async_rollouts=true"], "algo.async_rollouts=true and algo.learners=2 "
+                                                                   "do not go together"),
+    (["algo.preempt_share=0.6"], "with algo.learners=1 there are none"),
+    (["algo.preempt_share=1.5", "algo.learners=2"], "algo.preempt_share=1.5: must be a number in [0, 1]"),
+    ([f"workers={2 * (os.cpu_count() or 1) + 2}", f"algo.learners={(os.cpu_count() or 1) + 1}"],
+     f"the local backend gives each learner a core and this machine has {os.cpu_count()}"),
+])
+def test_what_several_learners_cannot_run_is_refused_in_one_line(args, message):
+    with pytest.raises(UsageError) as caught:
+        validate(compose([*FAST, "env=cartpole", *args]))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_nccl_learners_need_a_gpu_each():
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        with pytest.raises(UsageError, match=f"needs a GPU per learner .nccl. and this machine has {count}"):
+            validate(compose([*FAST, "env=cartpole", "algo.device=cuda", f"workers={2 * count + 2}",
+                              f"algo.learners={count + 1}"]))
+    else:
+        with pytest.raises(UsageError, match="algo.device=cuda: no CUDA device is available here"):
+            validate(compose([*FAST, "env=cartpole", "algo.device=cuda", "workers=2", "algo.learners=2"]))
+
+
+@pytest.mark.slow
+def test_resuming_with_another_number_of_learners_is_refused_in_one_line(tmp_path):
+    settings = ["env=cartpole", "workers=2", "algo.envs_per_worker=1", "algo.num_steps=32", "algo.num_minibatches=2",
+                "algo.total_timesteps=64"]
+    _train(tmp_path, "two", [*settings, "algo.learners=2"])
+    with pytest.raises(Exception) as caught:
+        _train(tmp_path, "two", [*settings, "algo.learners=1", f"resume={tmp_path / 'two'}"])
+    assert "algo.learners" in str(caught.value) and "\n" not in str(caught.value)
