@@ -346,11 +346,13 @@ def num_updates(cfg) -> int:
     return cfg.algo.total_timesteps // (cfg.workers * cfg.algo.envs_per_worker * cfg.algo.num_steps)
 
 
-def make_learner(cfg, peers=SOLO) -> Learner:
-    """The agent as ``cfg.seed`` makes it, with its learner, for ``peers.rank`` of ``peers.size``."""
+def make_learner(cfg, peers=SOLO, device: torch.device | None = None) -> Learner:
+    """The agent as ``cfg.seed`` makes it, with its learner, for ``peers.rank`` of ``peers.size``, on
+    ``device`` (by default ``algo.device``'s)."""
     algo = cfg.algo
-    device = torch.device("cuda" if algo.device == "cuda" or (algo.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    if device is None:
+        device = torch.device("cuda" if algo.device == "cuda" or (algo.device == "auto" and torch.cuda.is_available())
+                              else "cpu")
     observation_space, action_space = probe_spaces(env_spec(cfg))
     torch.manual_seed(cfg.seed)
     agent = make_agent(observation_space, action_space, algo.hidden, algo.log_std_init).to(device)
@@ -363,7 +365,8 @@ def make_learner(cfg, peers=SOLO) -> Learner:
 
 def checkpoint_check(cfg):
     """What a checkpoint of ``cfg``'s run must hold: ``check(arrays, values)``, raising DamagedFile."""
-    learner, num_envs = make_learner(cfg), cfg.workers * cfg.algo.envs_per_worker
+    # only its shapes are read: on the CPU, leaving the GPUs to the learners
+    learner, num_envs = make_learner(cfg, device=torch.device("cpu")), cfg.workers * cfg.algo.envs_per_worker
 
     def check(arrays: dict, values: dict) -> None:
         checkpoint.check(arrays, values, learner, num_envs)

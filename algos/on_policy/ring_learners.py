@@ -189,6 +189,9 @@ def _member(cfg, learn, saved, start: int, timesteps: int, reports, commands, ra
     from fiberrl.algos.on_policy.envs import remote_envs
     from fiberrl.algos.on_policy.peers import RingPeers
 
+    if "OMP_NUM_THREADS" not in os.environ:  # learners that share a host share its cores, not spin on all of each
+        import torch
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["LOCAL_WORLD_SIZE"])))
     peers = RingPeers(rank, size, _node.store, cfg.algo.num_steps, cfg.algo.preempt_share)
     loop = MemberLoop(peers, saved, start, timesteps, reports if rank == 0 else None,
                       commands if rank == 0 else None)
