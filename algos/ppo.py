@@ -407,7 +407,7 @@ def learn(cfg, loop, peers, on_iteration=None, make_envs=remote_envs) -> dict:
                                                                     else 1.0)
             rollout = rollouts.next(update).collected()
             t_rollout = time.perf_counter() - t0
-            loop.timesteps += peers.total(rollout.steps * num_envs)
+            loop.timesteps += peers.total(rollout.obs.shape[0] * num_envs)
 
             with torch.no_grad():
                 advantages, returns = gae(rollout.rewards, rollout.values, rollout.ends, rollout.next_value,

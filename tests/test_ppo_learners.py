@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import wait_until
+
 import fiberrl.runtime as mp
 from fiberrl.algos.on_policy.peers import RingPeers
 from fiberrl.algos.ppo import make_agent, ppo_update
@@ -227,3 +229,27 @@ def test_resuming_with_another_number_of_learners_is_refused_in_one_line(tmp_pat
     with pytest.raises(Exception) as caught:
         _train(tmp_path, "two", [*settings, "algo.learners=1", f"resume={tmp_path / 'two'}"])
     assert "algo.learners" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_learners_and_their_env_servers_run_as_containers_standing_in_for_hosts(tmp_path):
+    from helpers import docker_backend
+    reason = docker_backend.available()
+    if reason is not None:
+        pytest.skip(f"docker backend cannot run here: {reason}")
+    settings = docker_backend.settings()
+    # a learner starts its env servers itself: its container needs the Docker API
+    volumes = f"{settings['volumes']},/var/run/docker.sock:/var/run/docker.sock"
+    try:
+        summary = _train(tmp_path, "docker", ["env=cartpole", "workers=2", "algo.learners=2", "algo.envs_per_worker=2",
+                                              "algo.num_steps=32", "algo.num_minibatches=2",
+                                              "algo.total_timesteps=384", "backend=docker",
+                                              f"+backend.settings.image={settings['image']}",
+                                              f"+backend.settings.volumes='{volumes}'"])
+    finally:
+        mp.config.reset()  # the run configured the runtime for docker: the tests after it run locally
+    assert summary["iterations"] == 3 and summary["timesteps"] == 384
+    assert [r["charts/env_server_restarts"] for r in _metrics(tmp_path / "docker")] == [0, 0, 0]
+    # every learner's and env server's container is gone (auto-removal takes a moment)
+    assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), docker_backend.leftovers()
