@@ -261,7 +261,10 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
     for _epoch in range(algo.update_epochs):
         order = torch.as_tensor(rng.permutation(size), device=batch["obs"].device)
         # as many minibatches as every other learner takes, however short a preempted rollout left this batch
-        for mb in torch.tensor_split(order, algo.num_minibatches):
+        minibatches = torch.tensor_split(order, algo.num_minibatches)
+        if algo.norm_adv:
+            moments = peers.moments([batch["advantages"][mb] for mb in minibatches])
+        for i, mb in enumerate(minibatches):
             _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch["obs"][mb], batch["actions"][mb])
             logratio = newlogprob - batch["logprobs"][mb]
             ratio = logratio.exp()
@@ -272,7 +275,8 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
 
             advantages = batch["advantages"][mb]
             if algo.norm_adv:
-                advantages = peers.normalize(advantages)
+                mean, std = moments[i]
+                advantages = (advantages - mean) / (std + 1e-8)
             pg_loss = torch.max(-advantages * ratio,
                                 -advantages * torch.clamp(ratio, 1 - algo.clip_coef, 1 + algo.clip_coef)).mean()
 

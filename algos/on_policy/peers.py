@@ -7,7 +7,8 @@ PPO always has, on its own data.  ``RingPeers`` is a member of a Ring of K
 every member what one learner would compute over the K members' data taken
 together: gradients averaged over the members' minibatches (equal in size, so
 the average is the gradient of the whole minibatch), advantage normalisation
-over the whole minibatch, the KL that ends an update's epochs.  Observation and
+over the whole minibatch (every minibatch's of an epoch in one collective),
+the KL that ends an update's epochs.  Observation and
 return statistics are shared once a rollout (``share``): within one, each
 member takes in its own envs' steps, so that no member waits for another at
 every step (which would make a slow member everyone's pace).  Straggler preemption (DD-PPO's, ``algo.preempt_share``)
@@ -38,8 +39,10 @@ class Solo:
     def share(self, rms) -> None:
         """Make ``rms`` (a ``RunningMeanStd``) hold every learner's rows since the last share."""
 
-    def normalize(self, advantages: torch.Tensor) -> torch.Tensor:
-        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    def moments(self, minibatches: list[torch.Tensor]) -> list[tuple]:
+        """Each minibatch's (mean, std): with several learners, of every learner's minibatch of that
+        number taken together, in one collective for all of them."""
+        return [(values.mean(), values.std()) for values in minibatches]
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return value
@@ -105,15 +108,15 @@ class RingPeers(Solo):
             rms.mean, rms.var, rms.count = combine(rms.shared, (mean.reshape(shape), var.reshape(shape), count))
         rms.shared, rms.unshared = (rms.mean, rms.var, rms.count), (0, 0.0, 0.0)
 
-    def normalize(self, advantages: torch.Tensor) -> torch.Tensor:
-        flat = advantages.detach().double()
-        sums = self._all_reduce(torch.stack([flat.sum(), flat.square().sum(),
-                                             torch.tensor(float(flat.numel()), dtype=torch.float64,
-                                                          device=flat.device)]).cpu())
-        total, squares, count = sums.tolist()
-        mean = total / count
-        std = math.sqrt(max(squares - count * mean * mean, 0.0) / max(count - 1.0, 1.0))  # torch.std's (n - 1)
-        return (advantages - mean) / (std + 1e-8)
+    def moments(self, minibatches: list[torch.Tensor]) -> list[tuple]:
+        sums = torch.stack([torch.stack([v.double().sum(), v.double().square().sum(),
+                                         torch.tensor(float(v.numel()), dtype=torch.float64, device=v.device)])
+                            for v in minibatches]).cpu()
+        moments = []
+        for total, squares, count in self._all_reduce(sums).tolist():
+            mean = total / count
+            moments.append((mean, math.sqrt(max(squares - count * mean * mean, 0.0) / max(count - 1.0, 1.0))))
+        return moments  # the std with torch.std's n - 1
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return self._all_reduce(value.detach().reshape(1).double().cpu())[0] / self.size

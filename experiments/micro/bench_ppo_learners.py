@@ -2,7 +2,7 @@
 second and the update's time, whole runs of ``python -m fiberrl`` in alternating order.
 
     python experiments/micro/bench_ppo_learners.py [--preset bipedal_walker|breakout|cartpole] [--learners 1 2 4]
-        [--updates 6] [--rounds 2] [--hosts local|docker] [--straggler 0.02]
+        [--updates 6] [--rounds 2] [--hosts local|docker] [--threads N] [--straggler 0.02]
 
 Each run is the preset with the same envs in all (``workers`` env servers, split over the K
 learners) and the same global minibatch (each learner takes ``num_minibatches`` of its own
@@ -10,8 +10,9 @@ batch, so K learners' minibatches together are one learner's); its figures come 
 metrics.jsonl, the first update (start-up) left out: env steps a second, the median rollout
 and update times.  A K the backend cannot place is reported as refused (on the local backend,
 one core per learner).  ``--hosts docker``: every learner and env server is a container
-(the docker tests' image), standing in for hosts.  ``--straggler D``: one learner's env servers
-sleep D seconds a step (``tests/helpers/slow_member_env.py``, CartPole) and K learners run
+(the docker tests' image), standing in for hosts; ``--threads N`` sets every learner's torch threads
+(``OMP_NUM_THREADS``: containers on one machine each see all of its cores).  ``--straggler D``: one
+learner's env servers sleep D seconds a step (``tests/helpers/slow_member_env.py``, CartPole) and K learners run
 without and with ``algo.preempt_share=0.5``.  The machine is shared and noisy: compare ratios.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ def one_run(settings: list[str], learners: int, updates: int, hosts: list[str], 
         command = [sys.executable, "-m", "fiberrl", *settings, f"algo.learners={learners}",
                    f"algo.total_timesteps={batch * updates}", "tensorboard=false", f"hydra.run.dir={folder}", *hosts]
         began = time.perf_counter()
-        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env)
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - began
         if done.returncode == 2:
             return {"refused": done.stderr.strip().splitlines()[-1]}
@@ -87,10 +88,14 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hosts", choices=("local", "docker"), default="local")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS of every learner (containers on one machine cannot see their share)")
     parser.add_argument("--straggler", type=float, default=None,
                         help="seconds a step of one learner's env servers (CartPole); compares preempt_share")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     hosts = docker_hosts() if args.hosts == "docker" else []
 
     if args.straggler is not None:
@@ -121,7 +126,8 @@ def main() -> None:
                   flush=True)
 
     label = (f"straggler {args.straggler} s a step" if args.straggler is not None else args.preset)
-    print(f"\nPPO, {label}, {args.hosts} hosts, {args.updates} updates a run, {args.rounds} rounds "
+    threads = f", OMP_NUM_THREADS={args.threads}" if args.threads is not None else ""
+    print(f"\nPPO, {label}, {args.hosts} hosts{threads}, {args.updates} updates a run, {args.rounds} rounds "
           f"(medians; ratios to the first row)")
     print(f"{'learners':<30}{'env steps/s':>13}{'update s':>10}{'rollout s':>11}{'steps/update':>14}{'ratio':>8}")
     base = None
