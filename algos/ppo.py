@@ -26,6 +26,12 @@ would have.  A lost env server is the exception: its replacement starts
 new episodes with new seeds; so is the EnvPool engine, whose envs cannot be
 replayed.
 
+Several learners (``algo.learners=K``, DD-PPO): ``train`` runs ``learn`` in
+each of K Ring members (``on_policy.ring_learners``), each stepping its share
+of the env servers; ``peers`` (``on_policy.peers``) is what they share at each
+minibatch step and after each rollout.  A run of K learners is a function of
+its settings and K (each learner samples its own actions).
+
 Async rollouts (``algo.async_rollouts``): a thread collects the next rollout
 with a copy of the policy each update starts from while the update trains,
 so each update learns from data one policy old (the ratio is to the policy

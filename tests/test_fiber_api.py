@@ -1,7 +1,9 @@
 """Code written for Uber's Fiber runs with only the import changed: authkey, Fiber's Pool, init and config."""
+import functools
 import logging
 import os
 import pickle
+import random
 
 import pytest
 
@@ -64,6 +66,63 @@ def test_error_handling_true_resubmits_false_fails_the_task(tmp_path):
         pool.apply(crash_once, (str(tmp_path / "b"),))
 
 
+def random_error_worker(i):
+    """Fiber's own test task: raises with probability 0.05."""
+    if random.random() < 0.05:
+        raise ValueError("random error")
+    return i
+
+
+def test_fibers_error_handling_tests_as_fiber_wrote_them():
+    # fiber/tests/test_pool.py's test_error_handling and test_error_handling_unordered, the import changed:
+    # 300 tasks, each raising with probability 0.05, all come back
+    pool = mp.Pool(3, error_handling=True)
+    try:
+        pool.start_workers()
+        pool.wait_until_workers_up()
+        assert pool.map(random_error_worker, [i for i in range(300)], chunksize=1) == [i for i in range(300)]
+        res = list(pool.imap_unordered(random_error_worker, [i for i in range(300)], chunksize=1))
+        res.sort()
+        assert res == [i for i in range(300)]
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def fail_first(folder, times, kind, i):
+    """Raises ``kind`` the first ``times`` times it runs for ``i`` (counted in files: the tries may
+    run in any worker), then returns ``i``."""
+    path = os.path.join(folder, str(i))
+    tries = len(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "a") as f:
+        f.write("x")
+    if tries < times:
+        raise kind(f"try {tries + 1} of {i}")
+    return i
+
+
+def test_a_raising_task_runs_again_only_when_asked_and_only_so_often(tmp_path):
+    def folder(name):
+        (tmp_path / name).mkdir()
+        return str(tmp_path / name)
+    with mp.Pool(2) as pool:  # multiprocessing's behaviour: the first error fails the map
+        plain = folder("plain")
+        with pytest.raises(ValueError, match="try 1 of"):
+            pool.starmap(fail_first, [(plain, 1, ValueError, i) for i in range(4)])
+    with mp.Pool(2, retry_exceptions=KeyError, max_task_retries=2) as pool:
+        key = folder("key")
+        assert pool.starmap(fail_first, [(key, 2, KeyError, i) for i in range(6)]) == list(range(6))
+        assert pool.apply(fail_first, (folder("apply"), 2, KeyError, 7)) == 7
+        assert list(pool.imap(functools.partial(fail_first, folder("imap"), 1, KeyError), range(5))) == list(range(5))
+        with pytest.raises(ValueError, match="try 1 of 0"):  # not a type it retries
+            pool.apply(fail_first, (folder("value"), 1, ValueError, 0))
+        with pytest.raises(KeyError, match="try 3 of 0") as caught:  # retried twice, then its error
+            pool.apply(fail_first, (folder("many"), 5, KeyError, 0))
+        assert "it raised in each of its 3 tries (Pool's max_task_retries=2)" in caught.value.__notes__
+    with mp.Pool(2, retry_exceptions=True) as pool:
+        assert pool.map(functools.partial(fail_first, folder("any"), 3, OSError), range(4)) == list(range(4))
+
+
 def test_pool_rejects_fiber_arguments_it_cannot_honour():
     with pytest.raises(ValueError, match="error_handling='yes'"):
         mp.Pool(1, error_handling="yes")
@@ -71,6 +130,10 @@ def test_pool_rejects_fiber_arguments_it_cannot_honour():
         mp.Pool(1, error_handling=False, max_task_crashes=5)
     with pytest.raises(ValueError, match="cluster"):
         mp.Pool(1, None, (), None, "my-cluster")
+    with pytest.raises(ValueError, match=r"Pool\(retry_exceptions='yes'\): must be True, False, an exception type"):
+        mp.Pool(1, retry_exceptions="yes")
+    with pytest.raises(ValueError, match=r"Pool\(max_task_retries=0\): must be an int >= 1"):
+        mp.Pool(1, retry_exceptions=True, max_task_retries=0)
 
 
 def test_start_workers_and_wait_until_workers_up():

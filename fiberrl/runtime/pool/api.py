@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import time
+from dataclasses import dataclass
 import warnings
 import weakref
 from multiprocessing import pool as mp_pool
@@ -24,7 +25,8 @@ from .tasks import LazyInput
 class Pool:
     def __init__(self, processes: int | None = None, initializer=None, initargs=(), maxtasksperchild=None,
                  cluster=None, *, prefetch: int = 2, max_task_crashes: int | None = None,
-                 worker_resources: dict | None = None, error_handling: bool | None = None):
+                 worker_resources: dict | None = None, error_handling: bool | None = None,
+                 retry_exceptions=None, max_task_retries: int = 3):
         """``prefetch``: chunks a worker holds at once (the running one
         included); ``max_task_crashes``: how many times a task may be running
         when its worker dies before it fails with WorkerLostError (default 3);
@@ -32,11 +34,18 @@ class Pool:
         (default: the initializer's ``@meta``).  Fiber's arguments:
         ``cluster`` must be None; ``error_handling`` True (Fiber's
         ResilientZPool, this pool's default) resubmits the tasks of a worker
-        that dies, False (Fiber's ZPool) fails them with WorkerLostError."""
+        that dies, False (Fiber's ZPool) fails them with WorkerLostError.
+        ``retry_exceptions``: a task that raises fails its map, as in
+        multiprocessing, unless this says to run it again (in the worker
+        where it raised, up to ``max_task_retries`` more times): True (any
+        ``Exception``), an exception type or a tuple of them; Fiber's
+        explicit ``error_handling=True`` means True, as Fiber's own tests
+        expect (its workers died with a raising task, which then ran again)."""
         if cluster is not None:
             raise ValueError(f"Pool(cluster={cluster!r}): Fiber's cluster argument has no meaning in fiberrl; "
                              f"leave it None and pick the backend with configure(backend=...)")
         max_task_crashes = _crashes_allowed(error_handling, max_task_crashes)
+        self._retry = _retries(error_handling, retry_exceptions, max_task_retries)
         processes = cpu_count() if processes is None else processes
         if processes < 1:
             raise ValueError("Number of processes must be at least 1")
@@ -62,8 +71,12 @@ class Pool:
         scheduler = self._scheduler
         if scheduler.state != RUN:
             raise ValueError("Pool not running")
-        func_id = _function_id(scheduler, func, submission)
+        func_id = _function_id(scheduler, self._retrying(func), submission)
         scheduler.submit(scheduler.tasks.make_chunks(submission, func_id, star, items, chunksize))
+
+    def _retrying(self, func):
+        """``func`` as the workers run it: run again after what ``retry_exceptions`` names."""
+        return func if self._retry is None else _Retrying(func, *self._retry)
 
     def _chunksize(self, n: int, chunksize: int | None) -> int:
         if chunksize is None:
@@ -114,7 +127,7 @@ class Pool:
         lookahead = 2 * scheduler.policy.watermark() * chunksize
         submission = IMapIterator(f"{'imap' if ordered else 'imap_unordered'}({_name(func)})", ordered, lookahead)
         submission.on_consumed = scheduler.wake
-        func_id = _function_id(scheduler, func, submission)
+        func_id = _function_id(scheduler, self._retrying(func), submission)
         scheduler.submit_lazy(LazyInput(submission, iter(iterable), chunksize, func_id, False))
         return submission
 
@@ -225,6 +238,41 @@ def _crashes_allowed(error_handling, max_task_crashes: int | None) -> int:
                              f"means max_task_crashes=1; give one of them")
         return 1
     return 3 if max_task_crashes is None else max_task_crashes
+
+
+def _retries(error_handling, retry_exceptions, max_task_retries: int) -> tuple[tuple, int] | None:
+    """(the exception types a task is run again after, how many times more), or None: it fails."""
+    if retry_exceptions is None:
+        retry_exceptions = error_handling is True
+    if retry_exceptions is False:
+        return None
+    if isinstance(max_task_retries, bool) or not isinstance(max_task_retries, int) or max_task_retries < 1:
+        raise ValueError(f"Pool(max_task_retries={max_task_retries!r}): must be an int >= 1")
+    if retry_exceptions is True:
+        return (Exception,), max_task_retries
+    kinds = retry_exceptions if isinstance(retry_exceptions, tuple) else (retry_exceptions,)
+    if not kinds or not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+        raise ValueError(f"Pool(retry_exceptions={retry_exceptions!r}): must be True, False, an exception type "
+                         f"or a tuple of them")
+    return kinds, max_task_retries
+
+
+@dataclass(frozen=True)
+class _Retrying:
+    """``func``, run again where it raised one of ``kinds``, up to ``retries`` more times."""
+    func: object
+    kinds: tuple
+    retries: int
+
+    def __call__(self, *args):
+        for attempt in range(self.retries + 1):
+            try:
+                return self.func(*args)
+            except self.kinds as exc:
+                if attempt == self.retries:
+                    exc.add_note(f"it raised in each of its {attempt + 1} tries (Pool's max_task_retries="
+                                 f"{self.retries})")
+                    raise
 
 
 class _CallWithKeywords:
