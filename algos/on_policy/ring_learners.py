@@ -25,7 +25,6 @@ ends the run with its error: that would happen again.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import queue
@@ -34,8 +33,6 @@ import time
 
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import UsageError
-
-log = logging.getLogger("fiberrl")
 
 # how long a member waits in a collective before torch.distributed gives up on the others: rank 0's
 # evaluation and the run's checkpoint writes happen while they wait; a member that dies is noticed at once
