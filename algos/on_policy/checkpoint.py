@@ -10,8 +10,8 @@ checks and unpacks them.
                                       async rollouts: the rollout collected during the last update
     values env_server_restarts        env servers replaced so far
 
-With several learners (``algo.learners=K``) rank 0 writes one checkpoint of
-them all (``merge``): the state they share (network, optimizer, normalisers)
+With several learners (``algo.learners=K``) rank 0 merges their packs into one
+checkpoint, which the run's process writes (``merge``): the state they share (network, optimizer, normalisers)
 once, each env under its place in the whole batch as above, and each learner's
 own random generators (``learner/<k>/torch_rng``, values ``learner_rngs``) and
 count of its env servers replaced (values ``learner_restarts``); ``share`` gives
