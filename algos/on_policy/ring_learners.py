@@ -31,8 +31,17 @@ import queue
 import threading
 import time
 
+import torch
+import torch.distributed as dist
+
+from fiberrl.runtime import Queue, Ring, RingError, meta
+from fiberrl.runtime.backends import resolve_name
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import UsageError
+
+from . import checkpoint
+from .envs import remote_envs
+from .peers import RingPeers
 
 # how long a member waits in a collective before torch.distributed gives up on the others: rank 0's
 # evaluation and the run's checkpoint writes happen while they wait; a member that dies is noticed at once
@@ -43,8 +52,6 @@ _POLL_S = 0.2
 
 def check_learners(cfg) -> None:
     """What ``algo.learners`` needs of the other settings and of the backend; raises UsageError."""
-    from fiberrl.runtime.backends import resolve_name
-
     algo, learners = cfg.algo, cfg.algo.learners
     if learners == 1:
         if algo.preempt_share is not None:
@@ -64,7 +71,6 @@ def check_learners(cfg) -> None:
                          f"collected during the update would share the Ring with the update); choose one")
     if resolve_name(cfg.backend.name) != "local":
         return  # a cluster backend queues what it cannot place yet
-    import torch
     if algo.device == "cuda" or (algo.device == "auto" and torch.cuda.is_available()):
         gpus = torch.cuda.device_count()
         if learners > gpus:
@@ -79,8 +85,6 @@ def check_learners(cfg) -> None:
 def train_on_ring(cfg, run, learn, check, on_iteration=None) -> dict:
     """Run PPO with ``cfg.algo.learners`` learners, each running ``learn(cfg, loop, peers, ...)``, in ``run``
     (a RunDirectory); ``check(arrays, values)`` checks a checkpoint of them all.  Returns the summary."""
-    from fiberrl.runtime import RingError
-
     algo = cfg.algo
     iterations = algo.total_timesteps // (cfg.workers * algo.envs_per_worker * algo.num_steps)
     restarts = 0
@@ -101,9 +105,6 @@ def train_on_ring(cfg, run, learn, check, on_iteration=None) -> dict:
 
 def _drive(cfg, loop: TrainingLoop, saved, learn, on_iteration) -> dict:
     """One Ring of the run's learners, from ``saved`` (a checkpoint or None) on, driven by ``loop``."""
-    from fiberrl.runtime import Queue, Ring, meta
-
-    import torch
     reports, commands = Queue(), Queue()
     member = functools.partial(_member, cfg, learn, saved, loop.start, loop.timesteps, reports, commands)
     if cfg.algo.device == "cuda" or (cfg.algo.device == "auto" and torch.cuda.is_available()):
@@ -183,12 +184,8 @@ def _join(node) -> None:
 
 def _member(cfg, learn, saved, start: int, timesteps: int, reports, commands, rank: int, size: int) -> dict:
     """What each Ring member runs: PPO's ``learn`` on its share of the envs."""
-    from fiberrl.algos.on_policy.envs import remote_envs
-    from fiberrl.algos.on_policy.peers import RingPeers
-
     if "OMP_NUM_THREADS" not in os.environ:  # learners that share a host share its cores, not spin on all of each
-        import torch
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["LOCAL_WORLD_SIZE"])))
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["LOCAL_WORLD_SIZE"])))
     peers = RingPeers(rank, size, _node.store, cfg.algo.num_steps, cfg.algo.preempt_share)
     loop = MemberLoop(peers, saved, start, timesteps, reports if rank == 0 else None,
                       commands if rank == 0 else None)
@@ -209,8 +206,6 @@ class MemberLoop:
 
     def resume(self, check) -> tuple[dict, dict] | None:
         """This learner's part of the checkpoint the run goes on from (checked in the run's process)."""
-        from fiberrl.algos.on_policy import checkpoint
-
         if self.saved is None:
             return None
         arrays, values = checkpoint.share(*self.saved, self.peers.rank, self.peers.size)
@@ -235,8 +230,7 @@ class MemberLoop:
             if command[0] == "state":
                 parts = self.peers.gather(state())
                 if self.reports is not None:
-                    from fiberrl.algos.on_policy import checkpoint
-                    self.reports.put(("state", checkpoint.merge(parts)))
+                                self.reports.put(("state", checkpoint.merge(parts)))
             elif command[0] == "end":
                 return command[1]
 
@@ -248,8 +242,6 @@ class MemberLoop:
 
     def _command(self) -> tuple:
         """The run's next command: rank 0 gets it and hands it to the others."""
-        import torch.distributed as dist
-
         box = [self.commands.get() if self.commands is not None else None]
         dist.broadcast_object_list(box, src=0)
         if box[0][0] == "abort":
