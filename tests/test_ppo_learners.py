@@ -104,6 +104,7 @@ def _learner_updates(target_kl: float | None, rank: int, size: int) -> np.ndarra
     return _parameters(agent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_kl", [None, 0.002])
 def test_two_learners_with_minibatch_b_step_as_one_with_minibatch_2b(target_kl):
     agent = _agent()
