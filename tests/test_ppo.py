@@ -1,7 +1,6 @@
 """PPO with remote env servers: GAE and episode ends against known values,
 the env servers' autoreset and replay, and whole runs on real env server
 processes (learning CartPole, a server killed mid-run, resume, Breakout, the CLI)."""
-import json
 import logging
 import os
 import signal
@@ -26,20 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import ppo_toy_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
-
-
-def _train(tmp_path, name, overrides, on_iteration=None):
-    cfg = compose([*FAST, *overrides])
-    return run(cfg, tmp_path / name, on_iteration=on_iteration)
-
-
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _parameters(summary):
-    return torch.nn.utils.parameters_to_vector(summary["agent"].parameters()).detach().cpu().numpy()
+from helpers.ppo_runs import crash_after_update_4_and_resume as _crash_after_update_4_and_resume  # noqa: E402
+from helpers.ppo_runs import metrics as _metrics  # noqa: E402
+from helpers.ppo_runs import parameters as _parameters  # noqa: E402
+from helpers.ppo_runs import train as _train  # noqa: E402
 
 
 # --- advantages -------------------------------------------------------------------
@@ -235,30 +224,6 @@ def test_same_result_for_any_split_of_the_envs_over_servers(tmp_path):
     one = _train(tmp_path, "one", ["workers=1", "algo.envs_per_worker=4", *settings])
     two = _train(tmp_path, "two", ["workers=2", "algo.envs_per_worker=2", *settings])
     assert np.array_equal(_parameters(one), _parameters(two))
-
-
-class Interrupted(Exception):
-    pass
-
-
-TIMING = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-          "rollout_inference_s", "charts/SPS")
-
-
-def _crash_after_update_4_and_resume(tmp_path, settings, whole) -> list[dict]:
-    """Run ``settings`` into tmp_path/parts, crash it after update 4 (its last checkpoint was after
-    update 3, so update 4 is logged and lost), resume it, and check that it ends as ``whole`` did,
-    metrics included; returns those metrics without their timings."""
-    def crash_after_update_4(update, envs):
-        if update == 4:
-            raise Interrupted
-    with pytest.raises(Interrupted):
-        _train(tmp_path, "parts", settings, on_iteration=crash_after_update_4)
-    resumed = _train(tmp_path, "parts", [*settings, f"resume={tmp_path / 'parts'}"])
-    assert np.array_equal(_parameters(whole), _parameters(resumed))
-    strip = [{k: v for k, v in m.items() if k not in TIMING} for m in _metrics(tmp_path / "whole")]
-    assert strip == [{k: v for k, v in m.items() if k not in TIMING} for m in _metrics(tmp_path / "parts")]
-    return strip
 
 
 @pytest.mark.slow

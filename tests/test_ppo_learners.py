@@ -3,7 +3,6 @@ learners is one of a single learner on all of their data, a run of K learners re
 goes on through a learner killed mid-run, cuts a straggler's rollout short when asked, and
 refuses what it cannot run in one line.  Every learner is a real Ring member (gloo)."""
 import functools
-import json
 import os
 import signal
 import sys
@@ -20,24 +19,14 @@ from conftest import wait_until
 import fiberrl.runtime as mp
 from fiberrl.algos.on_policy.peers import RingPeers
 from fiberrl.algos.ppo import make_agent, ppo_update
-from fiberrl.app import UsageError, run, validate
+from fiberrl.app import UsageError, validate
 from fiberrl.app_config import compose
+from helpers.ppo_runs import FAST, crash_after_update_4_and_resume, metrics, parameters, untimed
+from helpers.ppo_runs import train as _train
 
 # tests/, where helpers/ is, for the learners and their env servers too: they get our sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
-TIMING = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-          "rollout_inference_s", "charts/SPS")
-
-
-def _train(tmp_path, name, overrides, on_iteration=None):
-    return run(compose([*FAST, *overrides]), tmp_path / name, on_iteration=on_iteration)
-
-
-def _metrics(run_dir, strip=TIMING):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in strip} for row in rows]
 
 
 def _parameters(agent):
@@ -128,28 +117,16 @@ RUN = ["env=pendulum", "env.engine=gymnasium", "workers=2", "algo.learners=2", "
        "algo.norm_reward=true", "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
 
 
-class Interrupted(Exception):
-    pass
-
-
 @pytest.mark.slow
 def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(tmp_path, capsys):
     whole = _train(tmp_path, "whole", RUN)
     assert whole["iterations"] == 6 and whole["timesteps"] == 768
-    rows = _metrics(tmp_path / "whole")
+    rows = untimed(metrics(tmp_path / "whole"))
     assert [r["timesteps"] for r in rows] == [128 * (i + 1) for i in range(6)]
     # each env ends one 200-step episode in its 384 steps: both learners' count
     assert [r["charts/episodes"] for r in rows] == [0, 0, 0, 2, 0, 0]
 
-    # crashed after update 4 (its last checkpoint after update 3) and resumed
-    def crash_after_update_4(update, ring):
-        if update == 4:
-            raise Interrupted
-    with pytest.raises(Interrupted):
-        _train(tmp_path, "parts", RUN, on_iteration=crash_after_update_4)
-    resumed = _train(tmp_path, "parts", [*RUN, f"resume={tmp_path / 'parts'}"])
-    np.testing.assert_array_equal(_parameters(whole["agent"]), _parameters(resumed["agent"]))
-    assert _metrics(tmp_path / "parts") == rows
+    crash_after_update_4_and_resume(tmp_path, RUN, whole)
 
     # learner 1 killed after update 4: the Ring starts again from the checkpoint after update 3
     killed = []
@@ -164,8 +141,8 @@ def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(
     assert killed
     assert "Ring member rank 1 exited with code -9 (killed by SIGKILL)" in out
     assert "starting the Ring again from the run's last checkpoint (restart 1 of algo.ring_restarts=3)" in out
-    np.testing.assert_array_equal(_parameters(whole["agent"]), _parameters(survived["agent"]))
-    assert _metrics(tmp_path / "killed") == rows
+    np.testing.assert_array_equal(parameters(whole), parameters(survived))
+    assert untimed(metrics(tmp_path / "killed")) == rows
 
 
 @pytest.mark.slow
@@ -186,9 +163,9 @@ def test_a_stragglers_rollout_is_cut_short_once_the_others_have_theirs(tmp_path)
     whole = _train(tmp_path, "whole", slowed)
     cut = _train(tmp_path, "cut", [*slowed, "algo.preempt_share=0.5"])
     assert whole["iterations"] == cut["iterations"] == 4
-    assert [r["timesteps"] for r in _metrics(tmp_path / "whole")] == [128, 256, 384, 512]
+    assert [r["timesteps"] for r in untimed(metrics(tmp_path / "whole"))] == [128, 256, 384, 512]
     # learner 0 steps its 64, learner 1 a quarter of its own (DD-PPO's least) before it is told to stop
-    steps = np.diff([0] + [r["timesteps"] for r in _metrics(tmp_path / "cut")])
+    steps = np.diff([0] + [r["timesteps"] for r in untimed(metrics(tmp_path / "cut"))])
     assert all(64 + 16 <= s < 128 for s in steps), steps
 
 
@@ -251,6 +228,6 @@ def test_learners_and_their_env_servers_run_as_containers_standing_in_for_hosts(
     finally:
         mp.config.reset()  # the run configured the runtime for docker: the tests after it run locally
     assert summary["iterations"] == 3 and summary["timesteps"] == 384
-    assert [r["charts/env_server_restarts"] for r in _metrics(tmp_path / "docker")] == [0, 0, 0]
+    assert [r["charts/env_server_restarts"] for r in untimed(metrics(tmp_path / "docker"))] == [0, 0, 0]
     # every learner's and env server's container is gone (auto-removal takes a moment)
     assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), docker_backend.leftovers()

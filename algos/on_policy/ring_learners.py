@@ -25,7 +25,6 @@ ends the run with its error: that would happen again.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import queue
 import threading
@@ -201,7 +200,6 @@ class MemberLoop:
     def __init__(self, peers, saved, start: int, timesteps: int, reports, commands):
         self.peers, self.saved, self.start, self.timesteps = peers, saved, start, timesteps
         self.reports, self.commands = reports, commands
-        self.done, self.eval_reward, self.best = start, None, -math.inf
         self._session_start, self._session_steps = time.perf_counter(), timesteps
 
     def resume(self, check) -> tuple[dict, dict] | None:
@@ -221,7 +219,6 @@ class MemberLoop:
 
     def end(self, iteration: int, metrics: dict, *, eval_reward=None, best=None, state=None, on_iteration=None,
             **_) -> bool:
-        self.done, self.eval_reward = iteration + 1, eval_reward
         if self.reports is not None:
             self.reports.put(("update", self.timesteps, metrics, eval_reward,
                               best() if eval_reward is not None and best is not None else None))

@@ -38,6 +38,16 @@ class Run:
     seconds: float
 
 
+def _communicate(proc, timeout: float, name: str) -> tuple[str, str]:
+    """``proc``'s stdout and stderr once it ends; past ``timeout`` its session is killed and the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} ran past {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+
+
 def run_script(path: str, env: dict, *args: str, returncode: int = 0, quiet: bool = False) -> Run:
     """Run ``path`` from the repository's root in its own session: check its exit status, that
     it wrote nothing on stderr (``quiet``) and that it left no process behind."""
@@ -45,12 +55,7 @@ def run_script(path: str, env: dict, *args: str, returncode: int = 0, quiet: boo
     start = time.monotonic()
     proc = subprocess.Popen([PYTHON, path, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name} ran past {TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
+    out, err = _communicate(proc, TIMEOUT, name)
     seconds = time.monotonic() - start
     left = [] if wait_until(lambda: not session_members(proc.pid), 10) else session_members(proc.pid)
     for pid in left:
@@ -75,11 +80,6 @@ def run_sweep(args, cwd, env=None, timeout=180, wait=True):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if not wait:
         return proc
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the sweep ran past {timeout} s\n{out}\n{err}")
+    out, err = _communicate(proc, timeout, "the sweep")
     assert wait_until(lambda: not session_members(proc.pid), 15), "the sweep left processes running"
     return proc.returncode, out, err
