@@ -338,6 +338,40 @@ def test_pool_map(docker_config):
         pool.join()
 
 
+def slow_square(x):
+    time.sleep(1.0)
+    return x * x
+
+
+def test_docker_stop_of_a_pool_worker_loses_and_charges_nothing(docker_config, api):
+    """``docker stop -t 30`` (SIGTERM, then SIGKILL after 30 s) of a worker's container mid-map: it
+    finishes its chunk and leaves well before the 30 s, its other chunks run elsewhere, nothing
+    counts as a crash (max_task_crashes=1 would fail a charged task) and the pool replaces it."""
+    docker_config(preempt_grace=20)
+    pool = mp.Pool(2, max_task_crashes=1)
+    try:
+        result = pool.map_async(slow_square, range(8), chunksize=1)
+        policy = pool._scheduler.policy
+
+        def a_running_worker():
+            with pool._scheduler.lock:
+                return next((w.process for w in policy.workers.values()
+                             if w.inflight and w.inflight[0].id == w.running), None)
+        assert wait_until(lambda: a_running_worker() is not None, 60)
+        told = time.monotonic()
+        api.stop(a_running_worker()._job.handle.id, timeout=30)
+        stopped_after = time.monotonic() - told
+        assert result.get(60) == [x * x for x in range(8)]
+        stats = pool.statistics()
+        assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
+        assert stopped_after < 10, f"the container took {stopped_after:.1f} s to stop"
+        assert pool.map(square, range(6)) == [x * x for x in range(6)]
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
 def _labelled_image(api, inputs: str, tag: str) -> str:
     """A one-file image carrying the test image's label, as another run's would."""
     import io

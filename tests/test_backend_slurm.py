@@ -315,6 +315,39 @@ def test_pool_map_on_slurm():
         pool.terminate()
 
 
+def slow_square(x):
+    time.sleep(1.0)
+    return x * x
+
+
+def test_scancel_signal_term_of_a_pool_worker_loses_and_charges_nothing():
+    """``scancel --full --signal=TERM`` (what Slurm's preemption sends before it kills) of a
+    worker's job mid-map: it finishes its chunk and leaves, its other chunks run elsewhere,
+    nothing counts as a crash (max_task_crashes=1 would fail a charged task), it is replaced."""
+    mp.configure(preempt_grace=20)
+    pool = mp.Pool(2, max_task_crashes=1)
+    try:
+        result = pool.map_async(slow_square, range(8), chunksize=1)
+        policy = pool._scheduler.policy
+
+        def a_running_worker():
+            with pool._scheduler.lock:
+                return next((w.process for w in policy.workers.values()
+                             if w.inflight and w.inflight[0].id == w.running), None)
+        assert wait_until(lambda: a_running_worker() is not None, 60)
+        worker = a_running_worker()
+        subprocess.run(["scancel", "--full", "--signal=TERM", worker._job.id], check=True)
+        assert result.get(60) == [x * x for x in range(8)]
+        stats = pool.statistics()
+        assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
+        worker.join(30)
+        assert pool.map(square, range(6)) == [x * x for x in range(6)]
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
 def test_listen_host_is_an_address_jobs_reach():
     host = get_backend("slurm").listen_host()
     ipaddress.ip_address(host)

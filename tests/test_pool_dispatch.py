@@ -164,7 +164,7 @@ def test_each_result_is_delivered_once_and_a_lost_workers_late_results_are_refus
     w1 = pool.connect()[0]
     pool.ask(w1)
     assert pool.results(w1, chunks[1:])[0] == chunks[1:]
-    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, in_flight=0)
+    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, preempted=0, in_flight=0)
 
 
 def test_a_loss_charges_only_the_chunk_the_worker_said_it_started_and_reruns_all_first():
@@ -193,6 +193,45 @@ def test_chunks_only_held_or_killed_with_others_are_rerun_free():
     loss = pool.lose(w1, lost="its fork server was killed")
     assert [c.crashes for c in held] == [0, 0] and loss.resubmitted == held
     assert pool.policy.crashes.startup_deaths == 0
+
+
+def test_a_worker_told_to_stop_keeps_its_running_chunk_and_hands_back_the_rest_uncharged():
+    pool = Pool(size=1, prefetch=3)
+    w0 = pool.connect()[0]
+    held = pool.give(w0, 3)
+    pool.policy.started(w0.stream_id, held[0].id)
+    wakes = pool.wakes
+    assert pool.policy.leave(w0.stream_id) == []  # nobody else asks yet
+    assert w0.retiring and pool.wakes > wakes and pool.policy.wants_worker()  # its successor starts
+    assert list(w0.inflight) == held[:1] and list(pool.policy.pending) == held[1:]
+    assert pool.policy.counts["resubmitted"] == 2 and pool.policy.counts["in_flight"] == 1
+    w1 = pool.connect()[0]
+    [reply] = pool.ask(w1)
+    assert [c for c, _, _ in batch(reply)[2]] == [c.id for c in held[1:]]
+    done, replies = pool.results(w0, held[:1], ask=True)  # it finished its chunk in time, and is retired
+    assert done == held[:1] and [status for _, status, _ in replies] == [CLOSED]
+    loss = pool.lose(w0, exitcode=0)
+    assert loss.preempted and not loss.resubmitted and not loss.failed
+    assert pool.policy.counts["preempted"] == 1 and pool.policy.counts["restarts"] == 0
+
+
+def test_a_chunk_a_stopped_worker_could_not_finish_runs_again_uncharged():
+    pool = Pool(size=1, max_crashes=1)
+    w0 = pool.connect()[0]
+    [chunk] = pool.give(w0, 1)
+    pool.policy.started(w0.stream_id, chunk.id)
+    pool.policy.leave(w0.stream_id)
+    loss = pool.lose(w0, exitcode=143)  # the grace ran out
+    assert chunk.crashes == 0 and loss.resubmitted == [chunk] and not loss.failed and loss.preempted
+    assert list(pool.policy.pending) == [chunk] and pool.policy.counts["restarts"] == 0
+
+
+def test_a_worker_stopped_before_it_could_say_so_is_no_startup_death():
+    pool = Pool(size=1)
+    for _ in range(MAX_STARTUP_DEATHS + 1):
+        loss = pool.lose(pool.start(), exitcode=143)
+        assert loss.preempted
+    assert pool.policy.broken is None and pool.policy.crashes.startup_deaths == 0
 
 
 def test_a_chunk_fails_once_it_was_running_max_task_crashes_times():

@@ -51,6 +51,11 @@ class CommonSettings:
     dies is seen at once (its connection closes); this only catches a hung
     parent or a vanished host, and must outlast a loaded machine: 256 busy
     workers on 2 cores left heartbeats unanswered for over 3 s."""
+    preempt_grace: float = 20.0
+    """Seconds a pool worker told to stop (SIGTERM: a preempted node, a deleted pod,
+    ``docker stop``) may take to finish the chunk it runs before it leaves; what it
+    held goes to other workers at once, and nothing it gives back counts as a crash.
+    Below Kubernetes' default 30 s, after which the pod is killed."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
     max_message_size: int = 1 << 30
@@ -154,6 +159,7 @@ _LIMITS = {
     "heartbeat_interval": _SECONDS,
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,
+    "preempt_grace": _SECONDS,
     "schedule_timeout": _SECONDS_OR_NONE,
     "max_message_size": (lambda size: size >= 1, "a number of bytes >= 1"),
     "cpu_per_job": (lambda cpu: math.isfinite(cpu) and cpu >= 0, "a number of cores >= 0"),

@@ -25,11 +25,12 @@ MAX_STARTUP_DEATHS = 3
 
 class Loss:
     """What a worker's loss cost: chunks ``resubmitted`` (to run elsewhere), ``failed`` ones
-    with why, and whether it was ``expected`` (a retiring worker's clean exit)."""
-    __slots__ = ("resubmitted", "failed", "expected")
+    with why, whether it was ``expected`` (a retiring worker's clean exit) and whether the
+    worker was ``preempted`` (told to stop: no crash)."""
+    __slots__ = ("resubmitted", "failed", "expected", "preempted")
 
-    def __init__(self, resubmitted: list, failed: list, expected: bool):
-        self.resubmitted, self.failed, self.expected = resubmitted, failed, expected
+    def __init__(self, resubmitted: list, failed: list, expected: bool, preempted: bool = False):
+        self.resubmitted, self.failed, self.expected, self.preempted = resubmitted, failed, expected, preempted
 
 
 class CrashAccount:

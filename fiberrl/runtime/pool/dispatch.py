@@ -15,6 +15,9 @@ replies it returns -- (request, status, parts) -- once the lock is released.
   is done.
 - A lost worker's chunks are rerun first, elsewhere, less those that its
   death fails (what a death costs: crashes.py).
+- A worker told to stop (preemption.py) retires at once: what it holds but
+  has not started is rerun first, elsewhere, its successor starts, and
+  nothing it gives back then or at its end is charged.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from collections import deque
 
 from .cpu_gate import CpuGate
 from .crashes import CrashAccount, Loss
+from .preemption import told_to_stop
 from .protocol import CLOSED, OK
 from .tasks import Chunk, LazyInput, batch_frames
 
@@ -31,7 +35,7 @@ RUN, CLOSE, TERMINATE = "run", "close", "terminate"
 class Worker:
     """What the policy knows of one worker; ``process`` is its owner's and never touched here."""
     __slots__ = ("id", "process", "stream_id", "parked", "inflight", "running", "loading", "funcs", "tasks_done",
-                 "retiring", "asked", "started_at")
+                 "retiring", "asked", "started_at", "preempted")
 
     def __init__(self, worker_id: int, process, started_at: float):
         self.id, self.process, self.started_at = worker_id, process, started_at
@@ -44,6 +48,7 @@ class Worker:
         self.tasks_done = 0
         self.retiring = False
         self.asked = False
+        self.preempted = False
 
 
 def _nothing() -> None:
@@ -71,7 +76,7 @@ class DispatchPolicy:
         self.working = 0  # workers with chunks in flight
         self.lost: deque[Worker] = deque()
         self.lazy: list[LazyInput] = []
-        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, in_flight=0)
+        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, preempted=0, in_flight=0)
 
     # --- workers coming and going --------------------------------------------
     def wants_worker(self) -> bool:
@@ -125,6 +130,31 @@ class DispatchPolicy:
         worker = self.by_stream.get(stream_id)
         if worker is not None and worker.inflight:  # its head: chunks run in order
             worker.loading = worker.inflight[0].func_id
+
+    def leave(self, stream_id: int) -> list:
+        """A worker was told to stop: it keeps the chunk it runs, if it can finish it in time;
+        the rest goes to others first, and its successor starts."""
+        worker = self.by_stream.get(stream_id)
+        if worker is None:
+            return []
+        worker.preempted = True
+        worker.retiring = True
+        self._wake()  # start its successor
+        inflight = worker.inflight
+        running = inflight[0] if inflight and inflight[0].id == worker.running else None
+        handed = [c for c in inflight if c is not running]
+        if handed:
+            inflight.clear()
+            if running is None:
+                self.working -= 1
+            else:
+                inflight.append(running)
+            self.pending.extendleft(reversed(handed))
+            moved = sum(c.count for c in handed)
+            self.counts["in_flight"] -= moved
+            self.counts["resubmitted"] += moved
+        self.classify(worker)
+        return self.dispatch() + self.retire_if_done(worker)
 
     def park(self, request) -> list:
         """A worker asks for work: answer now if there is some, else later."""
@@ -294,6 +324,10 @@ class DispatchPolicy:
         if inflight:
             self.working -= 1
         worker.inflight.clear()
+        # told to stop, before it could say so too (a job stopped as it started)
+        preempted = worker.preempted or (not worker.asked and told_to_stop(exitcode))
+        if preempted:
+            lost = "it was told to stop"  # what it gives back is not its fault
         if inflight:
             inflight, failed, self.pending = self.crashes.charge(worker, inflight, self.pending, lost,
                                                                  self.target_size)
@@ -302,14 +336,16 @@ class DispatchPolicy:
             self.counts["resubmitted"] += sum(c.count for c in inflight)
             self.counts["failed"] += sum(c.count for c, _ in failed)
         expected = worker.retiring and not inflight and not failed and exitcode == 0
-        if not expected:
+        if preempted:
+            self.counts["preempted"] += 1
+        elif not expected:
             self.counts["restarts"] += 1
             if not worker.asked and not lost:
                 connected = any(w.stream_id is not None for w in self.workers.values())
                 broken = self.crashes.startup_death(worker, exitcode, job_error, connected, now)
                 if broken:
                     self.broken = broken
-        return Loss(inflight, failed, expected)
+        return Loss(inflight, failed, expected, preempted)
 
 
 def _pop_chunk(inflight: deque, chunk_id: int):

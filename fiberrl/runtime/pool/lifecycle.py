@@ -145,7 +145,11 @@ class WorkerLifecycle:
             if loss is None:
                 return
             replies = self._policy.dispatch()
-        if not loss.expected:
+        if loss.preempted:
+            log.info("pool worker %s (pid %s) was told to stop and left (exit code %s)%s", process.name, process.pid,
+                     exitcode, f"; rerunning {sum(c.count for c in loss.resubmitted)} task(s) it could not finish"
+                     if loss.resubmitted else "")
+        elif not loss.expected:
             log.warning("pool worker %s (pid %s) died with exit code %s%s", process.name, process.pid, exitcode,
                         f"; resubmitting {sum(c.count for c in loss.resubmitted)} task(s)"
                         if loss.resubmitted else "")

@@ -12,6 +12,9 @@ rest its body.  The master's answer is one frame: a status byte
 - ``W_START`` + :data:`CHUNK_ID`: it starts a chunk (unanswered).
 - ``W_LOAD`` + :data:`CHUNK_ID`: it loads the function of its next chunk,
   one it has not run yet (unanswered).
+- ``W_LEAVE``: it was told to stop (preemption.py) and will leave once
+  the chunk it runs, if any, is done: what else it holds goes elsewhere
+  (unanswered).
 - ``W_RESULT`` + frames [:data:`REPORT` * n, one result blob each]:
   results (unanswered); ``W_RESULT_GET``: the same, and asks for work.
 
@@ -29,7 +32,7 @@ from ..net.errors import LinkError
 from ..net.stream import Stream
 from ..net.transport import CLOSED, OK
 
-W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START, W_LOAD = 20, 21, 22, 23, 24, 25
+W_HELLO, W_GET, W_RESULT, W_RESULT_GET, W_START, W_LOAD, W_LEAVE = 20, 21, 22, 23, 24, 25, 26
 WORKER_ID = CHUNK_ID = struct.Struct("<q")
 # a batch's first part: one byte, whether more work is waiting, then for each
 # chunk: its id, function id, whether the function's pickle comes with it,
@@ -72,5 +75,5 @@ def send_replies(replies) -> None:
         request.reply(status, *parts)
 
 
-__all__ = ["CHUNK", "CHUNK_ID", "CLOSED", "OK", "REPORT", "W_GET", "W_HELLO", "W_LOAD", "W_RESULT", "W_RESULT_GET",
-           "W_START", "WORKER_ID", "WorkerRequest", "send_replies"]
+__all__ = ["CHUNK", "CHUNK_ID", "CLOSED", "OK", "REPORT", "W_GET", "W_HELLO", "W_LEAVE", "W_LOAD", "W_RESULT",
+           "W_RESULT_GET", "W_START", "WORKER_ID", "WorkerRequest", "send_replies"]

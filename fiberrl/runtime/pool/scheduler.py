@@ -36,6 +36,7 @@ from .protocol import (
     REPORT,
     W_GET,
     W_HELLO,
+    W_LEAVE,
     W_LOAD,
     W_RESULT,
     W_RESULT_GET,
@@ -61,6 +62,8 @@ class PoolStatistics:
     tasks_failed: int
     tasks_resubmitted: int
     worker_restarts: int
+    workers_preempted: int = 0
+    """workers that left when told to (SIGTERM), their work handed to others: not restarts"""
 
 
 class Scheduler:
@@ -151,6 +154,10 @@ class Scheduler:
                     self.policy.started(request.stream_id, chunk_id)
                 replies = self.policy.park(request)
             send_replies(replies)
+        elif op == W_LEAVE:
+            with self.lock:
+                replies = self.policy.leave(request.stream_id)
+            send_replies(replies)
         elif op == W_HELLO:
             worker_id = WORKER_ID.unpack_from(request.body)[0]
             with self.lock:
@@ -233,4 +240,5 @@ class Scheduler:
                 tasks_failed=policy.counts["failed"],
                 tasks_resubmitted=policy.counts["resubmitted"],
                 worker_restarts=policy.counts["restarts"],
+                workers_preempted=policy.counts["preempted"],
             )

@@ -13,8 +13,9 @@ that request for more), so that a death is charged to the chunk it was
 running and to no other: chunks a worker only held, received or still on
 their way when it died, are rerun free.  Before it loads a function it has
 not run yet it says so too (W_LOAD): a death while loading a function no
-worker has loaded yet is the function's, not the chunk's.  The messages
-and their frames: :mod:`.protocol`.
+worker has loaded yet is the function's, not the chunk's.  Told to stop
+(SIGTERM), it starts no other chunk and leaves as :mod:`.preemption` says.
+The messages and their frames: :mod:`.protocol`.
 """
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ import sys
 import time
 import traceback
 
+from ..config import get_config
 from ..net import wire
 from ..net.errors import LinkError
 from ..net.dial import connect
 from ..processes.lifeline import beat_less_often
+from .preemption import Preemption
 from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
 
 # how long a thread of an oversubscribed worker waits for the GIL before it asks for it (Python's default
@@ -111,6 +114,8 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
             pass
         sys.setswitchinterval(OVERSUBSCRIBED_SWITCH_INTERVAL)
         beat_less_often(OVERSUBSCRIBED_HEARTBEAT)
+    preemption = Preemption(get_config().preempt_grace)
+    preemption.install()
     stream = connect(master)
 
     def ask(op: int, parts=()):
@@ -120,6 +125,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
 
     try:
         ask(W_HELLO, [WORKER_ID.pack(worker_id)])
+        preemption.connected(stream)
         if initializer is not None:
             initializer(*initargs)
         funcs: dict[int, object] = {}
@@ -132,14 +138,21 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
             blobs = iter(parts[1:])
             for i, (chunk_id, func_id, has_func, star) in enumerate(batch):
                 last = i + 1 == len(batch)
+                # once told to stop it starts nothing more: the master gives what it holds to others
                 if has_func:
-                    stream.send([bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)])
+                    if not preemption.send_unless_leaving(stream, [bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)]):
+                        return
                     funcs[func_id] = load_function(next(blobs))
                 # says it starts the chunk; asking for the next batch says so too, in one message
-                stream.send([bytes((W_GET if last and backlog else W_START,)), CHUNK_ID.pack(chunk_id)])
+                start = bytes((W_GET if last and backlog else W_START,))
+                if not preemption.send_unless_leaving(stream, [start, CHUNK_ID.pack(chunk_id)]):
+                    return
                 clock.start()
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
                 report = wire.frames([REPORT.pack(chunk_id, ok, *clock.stop()), blob])
+                if preemption.leaving:
+                    stream.send([bytes((W_RESULT,)), *report])
+                    return
                 if last and not backlog:
                     status, payload = ask(W_RESULT_GET, report)
                 else:

@@ -1,0 +1,127 @@
+"""A pool worker told to stop (SIGTERM, as a cluster takes a host back): it
+finishes the chunk it runs within the grace period or gives it back, what it
+held runs elsewhere at once, nothing counts as a crash, the pool replaces it.
+The same on Docker (``docker stop``) and Slurm (``scancel --signal=TERM``):
+test_backend_docker.py, test_backend_slurm.py."""
+import os
+import signal
+import time
+
+import pytest
+from conftest import pid_alive, wait_until
+
+import fiberrl.runtime as mp
+
+pytestmark = pytest.mark.slow  # the tests here start processes
+
+
+def record_and_square(x, folder, seconds):
+    """Sleeps ``seconds`` (one C call: a signal handler on the main thread would wait for it),
+    then leaves a file per execution."""
+    time.sleep(seconds)
+    with open(os.path.join(folder, f"{x}.{os.getpid()}.{time.monotonic_ns()}"), "w"):
+        pass
+    return x * x
+
+
+def executions(folder) -> dict[int, int]:
+    counts = {}
+    for name in os.listdir(folder):
+        x = int(name.split(".")[0])
+        counts[x] = counts.get(x, 0) + 1
+    return counts
+
+
+@pytest.fixture
+def grace():
+    def configure(seconds):
+        mp.configure(preempt_grace=seconds)
+    yield configure
+    mp.config.reset()
+
+
+def running_workers(pool, count):
+    assert wait_until(lambda: pool.statistics().workers_alive == count, 30)
+    return [w.process for w in pool._scheduler.policy.workers.values() if w.stream_id is not None]
+
+
+def worker_running_a_chunk(pool):
+    """The pid of a worker that said it started a chunk it still runs."""
+    policy = pool._scheduler.policy
+
+    def find():
+        with pool._scheduler.lock:
+            return next((w.process.pid for w in policy.workers.values()
+                         if w.inflight and w.inflight[0].id == w.running), None)
+    assert wait_until(lambda: find() is not None, 30)
+    return find()
+
+
+def test_a_chunk_finished_within_the_grace_runs_once(tmp_path, grace):
+    """Told to stop mid-chunk, the worker finishes it (each task runs exactly once), gives back
+    what it held but had not started, and leaves; with max_task_crashes=1 one charge would fail
+    a task."""
+    grace(20)
+    with mp.Pool(2, max_task_crashes=1) as pool:
+        running_workers(pool, 2)
+        result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.4) for x in range(12)], chunksize=2)
+        pid = worker_running_a_chunk(pool)
+        os.kill(pid, signal.SIGTERM)
+        assert result.get(60) == [x * x for x in range(12)]
+        stats = pool.statistics()
+    assert executions(tmp_path) == {x: 1 for x in range(12)}
+    assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
+    assert not pid_alive(pid)
+
+
+def test_a_chunk_longer_than_the_grace_runs_again_uncharged(tmp_path, grace):
+    """A task that holds the worker's main thread in one 30 s C call: the worker still leaves
+    within the grace, and the task runs again elsewhere, not charged as a crash."""
+    grace(0.5)
+    with mp.Pool(2, max_task_crashes=1) as pool:
+        running_workers(pool, 2)
+        long = pool.apply_async(record_and_square, (0, str(tmp_path), 30))
+        pid = worker_running_a_chunk(pool)
+        os.kill(pid, signal.SIGTERM)
+        told = time.monotonic()
+        assert wait_until(lambda: not pid_alive(pid), 10)
+        left_after = time.monotonic() - told
+        stats = pool.statistics()
+        assert stats.workers_preempted == 1 and stats.tasks_resubmitted == 1
+        pool.terminate()  # the task's rerun would take 30 s more
+    assert left_after < 5, f"left {left_after:.1f} s after SIGTERM with a grace of 0.5 s"
+    with pytest.raises(Exception, match="terminated"):
+        long.get(10)
+
+
+def test_a_stopped_worker_is_replaced_and_its_held_chunks_run_elsewhere(tmp_path, grace):
+    grace(0.3)
+    with mp.Pool(2, max_task_crashes=1, prefetch=4) as pool:
+        workers = running_workers(pool, 2)
+        result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.5) for x in range(16)], chunksize=1)
+        pid = worker_running_a_chunk(pool)
+        os.kill(pid, signal.SIGTERM)
+        assert sorted(result.get(60)) == sorted(x * x for x in range(16))
+        stats = pool.statistics()
+        assert stats.workers_preempted == 1 and stats.worker_restarts == 0 and stats.tasks_failed == 0
+        assert stats.tasks_resubmitted >= 1  # at least the chunk cut off by the short grace
+        assert wait_until(lambda: pool.statistics().workers_alive == 2, 30)
+        assert pid not in [p.pid for p in running_workers(pool, 2)] and pid in [p.pid for p in workers]
+        assert pool.starmap(record_and_square, [(x, str(tmp_path), 0) for x in range(100, 104)]) == \
+            [x * x for x in range(100, 104)]
+    counts = executions(tmp_path)
+    assert set(counts) == set(range(16)) | set(range(100, 104))
+    assert sum(counts.values()) - len(counts) <= 1  # only the chunk it could not finish ran twice
+
+
+def test_an_idle_worker_told_to_stop_leaves_at_once(grace):
+    grace(20)
+    with mp.Pool(2) as pool:
+        pid = running_workers(pool, 2)[0].pid
+        told = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: not pid_alive(pid), 10)
+        assert time.monotonic() - told < 5
+        assert wait_until(lambda: pool.statistics().workers_alive == 2, 30)
+        assert pool.statistics().workers_preempted == 1
+        assert pool.map(abs, range(-5, 5)) == [abs(x) for x in range(-5, 5)]
