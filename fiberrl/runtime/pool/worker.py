@@ -105,6 +105,15 @@ class ChunkClock:
         return wall, min(1.0, (self._busy_ns() - self._busy) / 1e9 / wall)
 
 
+def leave(stream) -> None:
+    """Told to stop: ask once more and wait for the master's CLOSED, sent once it has handled
+    everything sent before; a stream ending right after a result may be handled first, and the
+    result refused as a lost worker's."""
+    stream.send([bytes((W_GET,))])
+    while stream.recv()[0] == OK:
+        pass  # work it was given before the master heard it leaves: that went to others
+
+
 def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0) -> None:
     """``nice``: the workers outnumber the cores; run this much lower, with longer GIL turns."""
     if nice:
@@ -141,18 +150,18 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
                 # once told to stop it starts nothing more: the master gives what it holds to others
                 if has_func:
                     if not preemption.send_unless_leaving(stream, [bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)]):
-                        return
+                        return leave(stream)
                     funcs[func_id] = load_function(next(blobs))
                 # says it starts the chunk; asking for the next batch says so too, in one message
                 start = bytes((W_GET if last and backlog else W_START,))
                 if not preemption.send_unless_leaving(stream, [start, CHUNK_ID.pack(chunk_id)]):
-                    return
+                    return leave(stream)
                 clock.start()
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
                 report = wire.frames([REPORT.pack(chunk_id, ok, *clock.stop()), blob])
                 if preemption.leaving:
                     stream.send([bytes((W_RESULT,)), *report])
-                    return
+                    return leave(stream)
                 if last and not backlog:
                     status, payload = ask(W_RESULT_GET, report)
                 else:
