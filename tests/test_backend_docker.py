@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -370,6 +371,38 @@ def test_docker_stop_of_a_pool_worker_loses_and_charges_nothing(docker_config, a
         pool.join()
     finally:
         pool.terminate()
+
+
+def test_docker_stop_of_an_env_server_moves_its_envs_without_losing_a_step(docker_config, api):
+    """``docker stop -t 30`` of an env server's container between two steps: the next step is
+    answered, its envs move to a new container where they were, and every step is what an
+    uninterrupted run steps."""
+    import numpy as np
+
+    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    docker_config(preempt_grace=20)
+    actions = [np.random.default_rng(t).integers(2, size=2) for t in range(60)]
+
+    def run(stop_at=None):
+        envs = RemoteEnvs(EnvSpec("CartPole-v1"), servers=2, envs_per_server=1, seed=4)
+        try:
+            seen = [envs.reset()]
+            for t, a in enumerate(actions):
+                if t == stop_at:
+                    container = envs.managers[0]._process._job.handle.id
+                    threading.Thread(target=api.stop, args=(container,), kwargs={"timeout": 30}, daemon=True).start()
+                    time.sleep(1.0)  # the daemon signals at once; the container runs on until it leaves
+                    assert api.inspect_container(container)["State"]["Running"]
+                step = envs.step(a)
+                seen.append(np.concatenate([step.obs.ravel(), step.reward, step.terminated, step.truncated]))
+            return seen, envs.handovers, envs.restarts
+        finally:
+            envs.close()
+
+    moved, handovers, restarts = run(stop_at=30)
+    expected, _, _ = run()
+    assert (handovers, restarts) == (1, 0)
+    assert all(np.array_equal(a, b) for a, b in zip(moved, expected, strict=True))
 
 
 def _labelled_image(api, inputs: str, tag: str) -> str:

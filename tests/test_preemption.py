@@ -1,6 +1,7 @@
 """A pool worker told to stop (SIGTERM, as a cluster takes a host back): it
 finishes the chunk it runs within the grace period or gives it back, what it
-held runs elsewhere at once, nothing counts as a crash, the pool replaces it.
+held runs elsewhere at once, nothing counts as a crash, the pool replaces it;
+an env server told to stop answers its step and its envs move to a new one.
 The same on Docker (``docker stop``) and Slurm (``scancel --signal=TERM``):
 test_backend_docker.py, test_backend_slurm.py."""
 import os
@@ -9,6 +10,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import pid_alive, wait_until
 
@@ -158,3 +160,58 @@ def test_a_storm_of_preemptions_runs_every_task_exactly_once(tmp_path, grace):
     assert executions(tmp_path) == {x: 1 for x in range(300)}
     assert len(told) >= 5 and stats.worker_restarts == 0 and stats.tasks_failed == 0
     assert stats.workers_preempted >= len(told) - 1  # the last one may still be leaving
+
+
+def steps_of(envs, actions, on_step=None) -> list:
+    envs.reset()
+    out = []
+    for t, a in enumerate(actions):
+        if on_step is not None:
+            on_step(t, envs)
+        step = envs.step(a)
+        out.append((step.obs.copy(), step.reward.copy(), step.terminated.copy(), step.truncated.copy(),
+                    sorted(step.final_obs), [tuple(e) for e in step.episodes]))
+    return out
+
+
+@pytest.mark.parametrize("when", ["mid_step", "between_steps"])
+def test_an_env_server_told_to_stop_hands_its_envs_over_and_loses_no_step(grace, when):
+    """CartPole on 2 servers of 2 envs: server 0 told to stop as a step is sent to it, or while the
+    learner would be updating.  Every step after is what the uninterrupted
+    run steps: the envs moved to a new server exactly where they were; no restart, no episode cut."""
+    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    grace(20)
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(2, size=4) for _ in range(120)]
+    spec = EnvSpec("CartPole-v1")
+
+    def uninterrupted():
+        envs = RemoteEnvs(spec, servers=2, envs_per_server=2, seed=3)
+        try:
+            return steps_of(envs, actions)
+        finally:
+            envs.close()
+
+    told = []
+
+    def stop_server_0(t, envs):
+        if t == 50:
+            pid = envs.pids()[0]
+            told.append(pid)
+            if when == "mid_step":
+                threading.Timer(0.01, os.kill, (pid, signal.SIGTERM)).start()
+            else:
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(0.3)
+
+    envs = RemoteEnvs(spec, servers=2, envs_per_server=2, seed=3)
+    try:
+        stepped = steps_of(envs, actions, stop_server_0)
+        handovers, restarts, pid_now = envs.handovers, envs.restarts, envs.pids()[0]
+    finally:
+        envs.close()
+    assert handovers == 1 and restarts == 0 and pid_now != told[0]
+    expected = uninterrupted()
+    for t, (got, want) in enumerate(zip(stepped, expected, strict=True)):
+        assert all(np.array_equal(a, b) for a, b in zip(got[:4], want[:4])) and got[4:] == want[4:], f"step {t}"
+    assert any(e for step in stepped[50:] for e in step[5])  # episodes ended after the hand-over too

@@ -35,6 +35,14 @@ gymnasium path) or as one EnvPool batch (``EnvPoolServer``,
 ``fiberrl.rl.envpool_engine``), which keeps this contract but cannot replay
 a history: ``history()`` is then None, and a resume starts its envs afresh.
 
+Preemption: a server told to stop (SIGTERM: its host taken back) answers
+the step it is on, saying so, and ends ``preempt_grace`` seconds later if
+nothing ends it first; ``RemoteEnvs`` then moves its envs to a new server
+where they are (rebuilt from their histories: no step lost, no episode cut;
+EnvPool's envs, which cannot be rebuilt, end their episodes there as
+truncated and start new ones).  A server told to stop while the learner
+updates, and gone before the next step, is a crash.
+
 Crashes: a server that dies (or does not answer within ``timeout``) is
 replaced by a fresh one; its envs start new episodes with new seeds (the
 slot's generation goes up), the episodes they were in are reported as
@@ -44,6 +52,9 @@ event is logged on the ``fiberrl`` logger and counted in ``restarts``.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,7 +63,9 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from ..runtime.config import get_config
 from ..runtime.managers import AsyncManager, ManagerError
+from ..runtime.pool.preemption import PREEMPTED_EXIT
 from . import atari
 from .envs import make_env
 
@@ -119,6 +132,7 @@ class ServerStep(NamedTuple):
     final_obs: dict                    # env -> last obs of its truncated episode
     episodes: list[Episode]
     starts: dict                       # env -> the snapshot its new Atari episode starts from
+    leaving: bool = False              # the server was told to stop: its envs are to move
 
 
 @dataclass
@@ -129,6 +143,21 @@ class Step:
     truncated: np.ndarray              # bool
     final_obs: dict = field(default_factory=dict)   # env index -> last obs of its truncated episode
     episodes: list[Episode] = field(default_factory=list)  # whole episodes that ended
+
+
+_told_to_stop = threading.Event()  # in a server's process
+
+
+def _stop_when_told() -> None:
+    """An env server's first act (on its process's main thread): SIGTERM marks its replies
+    and ends it ``preempt_grace`` seconds later."""
+    grace = get_config().preempt_grace
+
+    def told(_signum, _frame):
+        if not _told_to_stop.is_set():
+            _told_to_stop.set()
+            threading.Timer(grace, os._exit, (PREEMPTED_EXIT,)).start()
+    signal.signal(signal.SIGTERM, told)
 
 
 class EnvServer:
@@ -184,7 +213,8 @@ class EnvServer:
                 else:  # a lost life: the game goes on from a reset that starts no new episode
                     o, _ = env.reset()
             obs.append(o)
-        return ServerStep(self._batch(obs), rewards, terminated, truncated, final, episodes, starts)
+        return ServerStep(self._batch(obs), rewards, terminated, truncated, final, episodes, starts,
+                          _told_to_stop.is_set())
 
     def close(self) -> None:
         for env in self.envs:
@@ -244,7 +274,8 @@ class EnvPoolServer(EnvServer):
 
     def step(self, actions) -> ServerStep:
         obs, reward, terminated, truncated, final, episodes = self.batch.step(actions)
-        return ServerStep(obs, reward, terminated, truncated, final, [Episode(*e) for e in episodes], {})
+        return ServerStep(obs, reward, terminated, truncated, final, [Episode(*e) for e in episodes], {},
+                          _told_to_stop.is_set())
 
     def close(self) -> None:
         self.batch.close()
@@ -286,6 +317,7 @@ class RemoteEnvs:
         self.num_servers, self.envs_per_server = servers, envs_per_server
         self.num_envs = servers * envs_per_server
         self.restarts = 0
+        self.handovers = 0  # servers told to stop whose envs moved to new ones
         self.generations = list(generations) if generations is not None else [0] * servers
         if history is not None and len(history) != self.num_envs:
             raise ValueError(f"a history of {len(history)} envs cannot rebuild {self.num_envs}")
@@ -302,7 +334,7 @@ class RemoteEnvs:
         try:
             # starting a server takes about a second: start them all at once
             with ThreadPoolExecutor(min(servers, 16)) as threads:
-                list(threads.map(lambda m: m.start(), self.managers))
+                list(threads.map(lambda m: m.start(_stop_when_told), self.managers))
             for k in range(servers):
                 self.servers[k] = self.managers[k].EnvServer(spec, seed, self.seed_slots(k), self.generations[k])
             self.single_observation_space, self.single_action_space = self.servers[0].spaces().get(timeout)
@@ -373,6 +405,8 @@ class RemoteEnvs:
                 self._record(k, part)
         except (ManagerError, TimeoutError) as exc:
             part = self._replace(k, exc)
+        if part.leaving:
+            part = self._hand_over(k, part)
         base = self.slots(k).start
         self._obs[base:base + self.envs_per_server] = part.obs
         return Step(part.obs, part.reward, part.terminated, part.truncated,
@@ -407,25 +441,57 @@ class RemoteEnvs:
         log.warning("env server %d (envs %d-%d) was lost: %s; starting a replacement, its episodes are "
                     "cut short as truncated", k, slots[0], slots[-1],
                     getattr(cause, "reason", None) or str(cause).split("\n")[0])
-        for attempt in range(1, RESTART_ATTEMPTS + 1):
-            self.generations[k] += 1
-            try:
-                self.managers[k].restart()
-                self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, self.seed_slots(k),
-                                                           self.generations[k])
-                obs = self.servers[k].reset().get(self.timeout)
-                break
-            except (ManagerError, TimeoutError) as exc:
-                if attempt == RESTART_ATTEMPTS:
-                    raise EnvServerError(f"env server {k} could not be replaced in {attempt} attempts: {exc}") from exc
-                log.warning("env server %d: replacement attempt %d failed: %s", k, attempt, exc)
-                time.sleep(1.0)
+        self.generations[k] += 1
+        obs = self._new_server(k, lambda server: server.reset())
         for slot in slots:
             self._episode[slot], self._actions[slot], self._life_resets[slot], self._starts[slot] = 0, [], [], None
         n = self.envs_per_server
         last = self._obs[slots.start:slots.stop]
         final = {i: last[i].copy() for i in range(n)}
         return ServerStep(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), final, [], {})
+
+    def _hand_over(self, k: int, part: ServerStep) -> ServerStep:
+        """Server ``k`` answered ``part`` saying it was told to stop: a new server takes its envs
+        over where they are, rebuilt from their histories.  An env the new server does not rebuild
+        as it was (EnvPool's, which cannot be; one that is not a function of its seed and actions)
+        ends its episode here as truncated, ``part``'s observation its final one."""
+        self.handovers += 1
+        slots = self.slots(k)
+        log.info("env server %d (envs %d-%d) was told to stop: a new server takes its envs over", k, slots[0],
+                 slots[-1])
+        if self.replayable:
+            history = self.history()[slots.start:slots.stop]
+            obs, ended = self._new_server(k, lambda server: server.replay(history))
+            for i in ended:
+                slot = slots.start + i
+                self._episode[slot] += 1
+                self._actions[slot], self._life_resets[slot], self._starts[slot] = [], [], None
+        else:
+            self.generations[k] += 1
+            obs = self._new_server(k, lambda server: server.reset())
+        cut = [i for i in range(self.envs_per_server) if not np.array_equal(obs[i], part.obs[i])]
+        if self.replayable and cut:
+            log.warning("env server %d: envs %s were not rebuilt as they were: their episodes end here", k,
+                        [slots.start + i for i in cut])
+        truncated, final = part.truncated.copy(), dict(part.final_obs)
+        for i in cut:
+            if not (part.terminated[i] or part.truncated[i]):  # one that just ended has nothing more to cut
+                truncated[i], final[i] = True, part.obs[i].copy()
+        return part._replace(obs=obs, truncated=truncated, final_obs=final, leaving=False)
+
+    def _new_server(self, k: int, first):
+        """Server ``k`` restarted, and what ``first(server)`` returns from it (a call's result)."""
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            try:
+                self.managers[k].restart()
+                self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, self.seed_slots(k),
+                                                           self.generations[k])
+                return first(self.servers[k]).get(self.timeout)
+            except (ManagerError, TimeoutError) as exc:
+                if attempt == RESTART_ATTEMPTS:
+                    raise EnvServerError(f"env server {k} could not be replaced in {attempt} attempts: {exc}") from exc
+                log.warning("env server %d: replacement attempt %d failed: %s", k, attempt, exc)
+                time.sleep(1.0)
 
     def pids(self) -> list[int | None]:
         return [m.pid for m in self.managers]
