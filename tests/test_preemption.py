@@ -155,11 +155,12 @@ def test_a_storm_of_preemptions_runs_every_task_exactly_once(tmp_path, grace):
         finally:
             stop.set()
             thread.join()
+        # every worker told leaves (some may still be leaving as the map ends; one told twice counts once)
+        assert wait_until(lambda: pool.statistics().workers_preempted == len(set(told)), 30)
         stats = pool.statistics()
     assert values == [x * x for x in range(300)]
     assert executions(tmp_path) == {x: 1 for x in range(300)}
     assert len(told) >= 5 and stats.worker_restarts == 0 and stats.tasks_failed == 0
-    assert stats.workers_preempted >= len(told) - 1  # the last one may still be leaving
 
 
 def steps_of(envs, actions, on_step=None) -> list:

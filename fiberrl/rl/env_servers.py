@@ -52,9 +52,6 @@ event is logged on the ``fiberrl`` logger and counted in ``restarts``.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,7 +62,7 @@ import numpy as np
 
 from ..runtime.config import get_config
 from ..runtime.managers import AsyncManager, ManagerError
-from ..runtime.pool.preemption import PREEMPTED_EXIT
+from ..runtime.processes import stop_signal
 from . import atari
 from .envs import make_env
 
@@ -145,19 +142,14 @@ class Step:
     episodes: list[Episode] = field(default_factory=list)  # whole episodes that ended
 
 
-_told_to_stop = threading.Event()  # in a server's process
-
-
 def _stop_when_told() -> None:
-    """An env server's first act (on its process's main thread): SIGTERM marks its replies
-    and ends it ``preempt_grace`` seconds later."""
-    grace = get_config().preempt_grace
+    """An env server's first act: SIGTERM marks its replies (``leaving``) and ends it
+    ``preempt_grace`` seconds later."""
+    stop_signal.watch(_leave_after_grace)
 
-    def told(_signum, _frame):
-        if not _told_to_stop.is_set():
-            _told_to_stop.set()
-            threading.Timer(grace, os._exit, (PREEMPTED_EXIT,)).start()
-    signal.signal(signal.SIGTERM, told)
+
+def _leave_after_grace() -> None:
+    stop_signal.exit_after(get_config().preempt_grace)
 
 
 class EnvServer:
@@ -214,7 +206,7 @@ class EnvServer:
                     o, _ = env.reset()
             obs.append(o)
         return ServerStep(self._batch(obs), rewards, terminated, truncated, final, episodes, starts,
-                          _told_to_stop.is_set())
+                          stop_signal.told())
 
     def close(self) -> None:
         for env in self.envs:
@@ -275,7 +267,7 @@ class EnvPoolServer(EnvServer):
     def step(self, actions) -> ServerStep:
         obs, reward, terminated, truncated, final, episodes = self.batch.step(actions)
         return ServerStep(obs, reward, terminated, truncated, final, [Episode(*e) for e in episodes], {},
-                          _told_to_stop.is_set())
+                          stop_signal.told())
 
     def close(self) -> None:
         self.batch.close()
