@@ -14,7 +14,12 @@ saves the best policy when ``eval_reward`` beats it, checkpoints every
 ``algo.checkpoint_every`` iterations, at the last one and when the run stops,
 calls ``on_iteration`` and says whether to stop: ``algo.stop_reward`` reached,
 the run's ``until_timesteps`` reached (it pauses: a resume goes on from that
-checkpoint, which says ``paused``), or the algorithm's own reason.  A checkpoint's values always hold
+checkpoint, which says ``paused``), or the algorithm's own reason.  A run
+told to stop (SIGTERM: its host taken back) checkpoints at the end of the
+iteration it is in and exits with ``RunPreempted`` (exit code 143), or
+exits ``preempt_grace`` seconds after it was told if the iteration has not
+ended by then; ``hydra/launcher=fiberrl`` starts it again from its
+checkpoint, and that costs none of its retries.  A checkpoint's values always hold
 ``iteration``, ``timesteps``, ``time_s`` and ``best``, which ``resume`` reads
 back, so a resumed run goes on counting where the checkpoint left off.
 """
@@ -25,9 +30,22 @@ import time
 from collections.abc import Callable
 
 from .run import RunDirectory, require
+from .runtime.config import get_config
+from .runtime.processes import stop_signal
 
 # what a checkpoint holds of the loop itself, beside the algorithm's state
 LOOP_VALUES = ("iteration", "timesteps", "time_s", "best")
+
+
+class RunPreempted(SystemExit):
+    """The run was told to stop and checkpointed: its process exits as one told to stop."""
+
+    def __init__(self):
+        super().__init__(stop_signal.PREEMPTED_EXIT)
+
+
+def _exit_after_grace() -> None:
+    stop_signal.exit_after(get_config().preempt_grace)
 
 
 class TrainingLoop:
@@ -59,6 +77,7 @@ class TrainingLoop:
         return checkpoint
 
     def __iter__(self):
+        stop_signal.watch(_exit_after_grace)
         self._began = time.perf_counter() - self._elapsed
         self._session_start, self._session_steps = time.perf_counter(), self.timesteps
         if self._until_reached() and self.start < self.iterations:
@@ -100,8 +119,9 @@ class TrainingLoop:
         solved = stop_reward is not None and eval_reward is not None and eval_reward >= stop_reward
         last = iteration + 1 == self.iterations
         self.paused = not (last or solved or stop) and self._until_reached()
+        told = stop_signal.told() and not (last or solved or stop or self.paused)
         self.checkpointed = state is not None and ((iteration + 1) % self.algo.checkpoint_every == 0 or last
-                                                   or solved or stop or self.paused)
+                                                   or solved or stop or self.paused or told)
         if self.checkpointed:
             arrays, values = state()
             values.update(iteration=iteration, timesteps=self.timesteps, time_s=metrics["time_s"], best=self.best,
@@ -114,6 +134,10 @@ class TrainingLoop:
         if self.paused:
             self.run.console.print(f"paused at {self.timesteps:,} env steps (until_timesteps="
                                    f"{self.until_timesteps:,}); resume={self.run.path} goes on")
+        if told:
+            self.run.console.print(f"told to stop (SIGTERM): checkpointed after iteration {iteration}; "
+                                   f"resume={self.run.path} goes on")
+            raise RunPreempted()
         return solved or stop or self.paused
 
     def _until_reached(self) -> bool:

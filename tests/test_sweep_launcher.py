@@ -94,7 +94,7 @@ def test_a_killed_run_is_retried_and_a_bad_value_stops_the_sweep_before_it_start
                   f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain"],
                  tmp_path, wait=False)
     pid_file = sweep_dir / "0" / "pid"
-    assert wait_until(pid_file.exists, 60)
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), 60)  # written, not only created
     first = int(pid_file.read_text())
     os.kill(first, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
@@ -108,7 +108,7 @@ def test_a_killed_run_is_retried_and_a_bad_value_stops_the_sweep_before_it_start
     proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "hydra.launcher.retries=0", "+x=1", "+sleep=30",
                   f"hydra.sweep.dir={tmp_path / 'lost'}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path, wait=False)
     pid_file = tmp_path / "lost" / "0" / "pid"
-    assert wait_until(pid_file.exists, 60)
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), 60)  # written, not only created
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
@@ -225,6 +225,30 @@ def test_fiberrl_sweep_killed_run_resumes_from_its_checkpoint_and_a_partial_swee
     assert code == 2 and f"error: {sweep_dir} holds another sweep (algo=es env=cartpole" in err, err
 
 
+def test_a_run_told_to_stop_checkpoints_and_goes_on_elsewhere_without_a_try(tmp_path):
+    """SIGTERM to a run's job (its host taken back) with no checkpoint due before its last iteration:
+    it checkpoints at the end of its iteration and exits; with retries=0 the launcher starts it again
+    from that checkpoint, and it computes what the run that was never told computed."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, "algo.checkpoint_every=100,101", f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.table=plain",
+            "hydra.launcher.retries=0"]
+    proc = sweep(args, ROOT, wait=False)
+    folders = lambda: sorted(p for p in sweep_dir.glob("*") if p.is_dir())  # noqa: E731
+    metrics_lines = lambda folder: len((folder / "metrics.jsonl").read_text().splitlines())  # noqa: E731
+    assert wait_until(lambda: len(folders()) == 2 and (folders()[0] / "metrics.jsonl").exists()
+                      and metrics_lines(folders()[0]) >= 2, 90)
+    told = folders()[0]
+    os.kill(run_pid(told), signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    rows = table(sweep_dir)
+    assert [(row["state"], row["tries"]) for row in rows] == [("done", "1"), ("done", "1")]
+    assert "its job was told to stop (exit code 143)" in rows[0]["why"] and "not counted as a try" in out + err
+    assert "told to stop (SIGTERM): checkpointed after iteration" in (told / "output.log").read_text()
+    assert f"resume='{told}'" in (told / ".hydra" / "overrides.yaml").read_text()
+    assert es_metrics(told) == es_metrics(folders()[1]) and len(es_metrics(told)) == 8
+
+
 def test_a_bad_value_in_any_run_is_reported_before_any_run_starts(tmp_path):
     sweep_dir = tmp_path / "sweep"
     code, out, err = sweep([*ES, "algo.sigma=0.05,-1", f"hydra.sweep.dir={sweep_dir}"], ROOT)
@@ -270,7 +294,9 @@ def test_a_sweep_on_a_cluster_backend_retries_the_run_whose_job_it_lost(backend,
         kill_run_job(backend, first)
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{out}\n{err}"
-        assert [(row["state"], row["tries"]) for row in table(sweep_dir)] == [("done", "2"), ("done", "1")]
+        # Slurm cancels by SIGTERM first, as it preempts: the run checkpoints, and that is no try
+        tries = "1" if backend == "slurm" else "2"
+        assert [(row["state"], row["tries"]) for row in table(sweep_dir)] == [("done", tries), ("done", "1")]
         assert len(es_metrics(first)) == 12
         assert wait_until(lambda: not helper.leftovers(), 60), helper.leftovers()
     finally:

@@ -3,7 +3,9 @@ configured backend, so its own workers are jobs of the same backend.
 
 Runs go at the same time (``runs_at_once``). A run that raises is that run's FAILED result; a run
 whose job dies (SIGKILL, OOM, a lost node) is started again up to ``retries`` times, from its own
-checkpoint when the app has one (``resume_key``), and the sweep goes on either way. Run again on
+checkpoint when the app has one (``resume_key``), and the sweep goes on either way; one whose job
+was told to stop (SIGTERM: a preempted node, a deleted pod; it checkpoints and exits with 143) is
+started again from its checkpoint without counting as a try. Run again on
 the same ``hydra.sweep.dir``, a sweep keeps its job numbers and folders, takes the finished runs'
 results as they were and resumes the others. Every run's config is composed and checked before any
 run starts.
@@ -29,6 +31,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from fiberrl.runtime.processes.stop_signal import told_to_stop
 from fiberrl.sweepable import hooks_of
 
 from .progress import SweepTable
@@ -56,7 +59,8 @@ class Run:
     folder: Path
     fingerprint: str                # what its result follows from (FiberrlLauncher._fingerprint)
     state: str = "queued"           # queued, running, retrying, done, failed
-    attempts: int = 0
+    attempts: int = 0               # times its job was started
+    preempted: int = 0              # of which it was told to stop (SIGTERM): not counted as tries
     process: Any = None
     result: Optional[JobReturn] = None
     why: str = ""                   # a failed run's reason, in one line
@@ -393,14 +397,22 @@ class FiberrlLauncher(Launcher):
                 error = result._return_value
                 run.why = f"{type(error).__name__}: {error}".splitlines()[0]
             return
+        if told_to_stop(code):
+            # its host taken back (a preempted node, a deleted pod): no fault of the run's
+            run.preempted += 1
+            run.why = f"its job was told to stop ({_exit_text(code)}), {run.preempted} time(s)"
+            log.warning(f"#{run.num}: {run.why}; starting it again"
+                        + (" from its checkpoint" if self.resume_key else "") + " (not counted as a try)")
+            run.state = "retrying"
+            return
         run.why = f"its job died ({_exit_text(code)}); its output: {run.folder / OUTPUT_LOG}"
-        if run.attempts <= self.retries:
+        if run.attempts - run.preempted <= self.retries:
             log.warning(f"#{run.num}: {run.why}; starting it again"
                         + (" from its checkpoint" if self.resume_key else ""))
             run.state = "retrying"
             return
         run.state = "failed"
-        run.why = f"{run.why} ({run.attempts} tries)"
+        run.why = f"{run.why} ({run.attempts - run.preempted} tries)"
         run.result = JobReturn(overrides=run.overrides, cfg=run.config, hydra_cfg=run.config,
                                working_dir=str(run.folder), status=JobStatus.FAILED,
                                _return_value=RunLost(f"job #{run.num}: {run.why}"))

@@ -14,6 +14,8 @@ from pathlib import Path
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 
+from fiberrl.runtime.processes.stop_signal import told_to_stop
+
 # in the run's folder: the run's stdout and stderr, where its job runs, and its JobReturn once it has ended
 OUTPUT_LOG = "output.log"
 WHERE_FILE = Path(".hydra") / "job_where.json"
@@ -34,6 +36,8 @@ def run_sweep_job(hydra_context, task_function, config, overrides, run_dir: str,
         ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     except SystemExit as exc:  # a task that exits non-zero fails its run, as an exception does
+        if told_to_stop(exc.code):
+            raise  # told to stop, and checkpointed: the launcher starts it again
         ok = exc.code in (0, None)
         ret = JobReturn(cfg=config, hydra_cfg=config, working_dir=str(folder),
                         status=JobStatus.COMPLETED if ok else JobStatus.FAILED, _return_value=None if ok else exc)
