@@ -216,3 +216,56 @@ def test_an_env_server_told_to_stop_hands_its_envs_over_and_loses_no_step(grace,
     for t, (got, want) in enumerate(zip(stepped, expected, strict=True)):
         assert all(np.array_equal(a, b) for a, b in zip(got[:4], want[:4])) and got[4:] == want[4:], f"step {t}"
     assert any(e for step in stepped[50:] for e in step[5])  # episodes ended after the hand-over too
+
+
+def test_es_under_preemptions_gives_the_parameters_of_an_undisturbed_run(tmp_path, grace):
+    """A pool worker told to stop in the middle of every other ES iteration's map: the run is
+    bit-identical to one where no worker was."""
+    from fiberrl.app import run
+    from fiberrl.app_config import compose
+    grace(20)
+    settings = ["algo=es", "env=cartpole", "algo.population=24", "algo.eval_episodes=2", "algo.iterations=6",
+                "seed=3", "workers=2", "algo.chunksize=2", "tensorboard=false"]
+    quiet = run(compose(settings), tmp_path / "quiet")
+    told, preempted = [], []
+
+    def tell_a_worker_mid_map(iteration, pool):
+        preempted.append(pool.statistics().workers_preempted)
+
+        def tell():  # as soon as the next map's tasks are out (an iteration takes ~20 ms)
+            deadline = time.monotonic() + 5
+            while pool.statistics().tasks_in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            with pool._scheduler.lock:
+                pids = [w.process.pid for w in pool._scheduler.policy.workers.values()
+                        if w.stream_id is not None and not w.retiring]
+            if pids:
+                told.append(pids[0])
+                os.kill(pids[0], signal.SIGTERM)
+        if iteration % 2 == 0:
+            threading.Thread(target=tell).start()
+
+    stormy = run(compose(settings), tmp_path / "stormy", on_iteration=tell_a_worker_mid_map)
+    assert len(told) >= 2 and preempted[-1] >= 1
+    assert np.array_equal(quiet["theta"], stormy["theta"])
+
+
+def test_ppo_with_an_env_server_told_to_stop_mid_rollout_ends_as_the_undisturbed_run(tmp_path, grace):
+    """On the gymnasium engine, whose envs a new server rebuilds exactly (EnvPool's end their
+    episodes at the hand-over instead, and the run goes another way)."""
+    from helpers.ppo_runs import metrics, parameters, train, untimed
+    grace(20)
+    settings = ["env=cartpole", "env.engine=gymnasium", "workers=2", "algo.envs_per_worker=2", "algo.num_steps=256",
+                "algo.total_timesteps=5120"]
+    quiet = train(tmp_path, "quiet", settings)
+    told = []
+
+    def tell_a_server_mid_rollout(update, envs):
+        if update == 1:
+            pid = envs.pids()[1]
+            threading.Timer(0.05, lambda: (os.kill(pid, signal.SIGTERM), told.append(pid))).start()
+
+    moved = train(tmp_path, "moved", settings, on_iteration=tell_a_server_mid_rollout)
+    assert told and moved["env_server_restarts"] == 0
+    assert np.array_equal(parameters(quiet), parameters(moved))
+    assert untimed(metrics(tmp_path / "quiet")) == untimed(metrics(tmp_path / "moved"))
