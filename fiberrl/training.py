@@ -101,9 +101,10 @@ class TrainingLoop:
     def end(self, iteration: int, metrics: dict, *, eval_reward: float | None = None,
             best: Callable[[], tuple[dict, dict]] | None = None, state: Callable[[], tuple[dict, dict]] | None = None,
             stop: bool = False, line: Callable[[dict], str] | None = None,
-            on_iteration: Callable[[], None] | None = None) -> bool:
+            on_iteration: Callable[[], None] | None = None, checkpoint_now: bool = False) -> bool:
         """Log ``metrics`` as iteration ``iteration``'s; save ``best()`` (arrays, values) as the best policy when
-        ``eval_reward`` beats every earlier one; checkpoint ``state()`` when it is time; call ``on_iteration()``.
+        ``eval_reward`` beats every earlier one; checkpoint ``state()`` when it is time (or ``checkpoint_now``: a
+        process the run depends on was told to stop); call ``on_iteration()``.
         True when the run stops here: ``algo.stop_reward`` or ``until_timesteps`` reached, or ``stop`` (the
         algorithm's own end)."""
         now = time.perf_counter()
@@ -121,7 +122,7 @@ class TrainingLoop:
         self.paused = not (last or solved or stop) and self._until_reached()
         told = stop_signal.told() and not (last or solved or stop or self.paused)
         self.checkpointed = state is not None and ((iteration + 1) % self.algo.checkpoint_every == 0 or last
-                                                   or solved or stop or self.paused or told)
+                                                   or solved or stop or self.paused or told or checkpoint_now)
         if self.checkpointed:
             arrays, values = state()
             values.update(iteration=iteration, timesteps=self.timesteps, time_s=metrics["time_s"], best=self.best,

@@ -146,6 +146,28 @@ def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(
 
 
 @pytest.mark.slow
+def test_a_learner_told_to_stop_costs_nothing_and_no_restart(tmp_path, capsys):
+    """Learner 1 told to stop (SIGTERM) as update 3 begins: the run checkpoints after update 3 and
+    starts the Ring again from there, with algo.ring_restarts=0, and ends as the run never told."""
+    whole = _train(tmp_path, "whole", RUN)
+    told = []
+
+    def tell_learner_1(update, ring):
+        if update == 2 and not told:
+            told.append(ring.pids()[1])
+            os.kill(told[0], signal.SIGTERM)
+    capsys.readouterr()
+    moved = _train(tmp_path, "told", [*RUN, "algo.ring_restarts=0"], on_iteration=tell_learner_1)
+    out = capsys.readouterr().out
+    assert told
+    assert "1 learner(s) were told to stop (SIGTERM) during update 4: checkpointed after it; starting the Ring " \
+           "again from that checkpoint (not counted as a restart)" in out
+    assert "resumed" in out and "after iteration 3" in out
+    np.testing.assert_array_equal(parameters(whole), parameters(moved))
+    assert untimed(metrics(tmp_path / "told")) == untimed(metrics(tmp_path / "whole"))
+
+
+@pytest.mark.slow
 def test_a_learner_that_keeps_dying_ends_the_run_after_the_restarts_allowed(tmp_path, capsys):
     def kill_learner_0(update, ring):
         os.kill(ring.pids()[0], signal.SIGKILL)

@@ -20,7 +20,11 @@ setting that changes what a run computes).
 A member that dies (SIGKILL, a lost host) makes the Ring raise ``RingError``
 naming its rank; the run says so in one line and starts the Ring again from
 its last checkpoint, up to ``algo.ring_restarts`` times.  A member that raises
-ends the run with its error: that would happen again.
+ends the run with its error: that would happen again.  A member told to stop
+(SIGTERM: its host taken back) says so in the Ring's store and goes on; at
+the end of that update the run checkpoints and starts the Ring again from
+there, which loses nothing and is not counted as a restart (a member whose
+update outlasts ``preempt_grace`` leaves, and that is a death).
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ import torch.distributed as dist
 
 from fiberrl.runtime import Queue, Ring, RingError, meta
 from fiberrl.runtime.backends import resolve_name
+from fiberrl.runtime.config import get_config
+from fiberrl.runtime.processes import stop_signal
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import UsageError
 
@@ -47,6 +53,12 @@ from .peers import RingPeers
 COLLECTIVE_TIMEOUT_S = 3600.0
 # how often the run's process looks at the Ring while it waits for rank 0's report
 _POLL_S = 0.2
+# in the Ring's store: how many members were told to stop
+_TOLD_KEY = "told_to_stop"
+
+
+class LearnerTold(Exception):
+    """A learner was told to stop: the run checkpointed, and its Ring starts again from there."""
 
 
 def check_learners(cfg) -> None:
@@ -92,6 +104,8 @@ def train_on_ring(cfg, run, learn, check, on_iteration=None) -> dict:
         saved = loop.resume(check)
         try:
             return _drive(cfg, loop, saved, learn, on_iteration)
+        except LearnerTold as told:
+            run.console.print(f"{told}; starting the Ring again from that checkpoint (not counted as a restart)")
         except RingError as exc:
             if isinstance(exc.__cause__, UsageError):
                 raise exc.__cause__ from None
@@ -116,13 +130,20 @@ def _drive(cfg, loop: TrainingLoop, saved, learn, on_iteration) -> dict:
     try:
         for update in loop:
             commands.put(("update", update))
-            _, timesteps, metrics, eval_reward, best = _report(reports, thread, outcome, "update", update)
+            _, timesteps, metrics, eval_reward, best, told = _report(reports, thread, outcome, "update", update)
             loop.timesteps = timesteps
             metrics["charts/SPS"] = loop.steps_per_second()
             stop = loop.end(update, metrics, eval_reward=eval_reward, best=lambda: best,
                             state=lambda: _state(commands, reports, thread, outcome, update),
-                            on_iteration=on_iteration and (lambda: on_iteration(update, ring)))
-            commands.put(("end", stop))
+                            on_iteration=on_iteration and (lambda: on_iteration(update, ring)), checkpoint_now=told)
+            commands.put(("end", stop or told))
+            if told and not stop:
+                thread.join()
+                if "error" in outcome:
+                    raise outcome["error"]
+                finished = True
+                raise LearnerTold(f"{told} learner(s) were told to stop (SIGTERM) during update {update + 1}: "
+                                  f"checkpointed after it")
             if stop:
                 break
         else:
@@ -186,11 +207,18 @@ def _member(cfg, learn, saved, start: int, timesteps: int, reports, commands, ra
     if "OMP_NUM_THREADS" not in os.environ:  # learners that share a host share its cores, not spin on all of each
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["LOCAL_WORLD_SIZE"])))
     peers = RingPeers(rank, size, _node.store, cfg.algo.num_steps, cfg.algo.preempt_share)
+    stop_signal.watch(functools.partial(_tell_the_ring, _node.store))
     loop = MemberLoop(peers, saved, start, timesteps, reports if rank == 0 else None,
                       commands if rank == 0 else None)
     summary = learn(cfg, loop, peers, None, functools.partial(remote_envs, learner=rank, learners=size))
     summary["agent"] = summary["agent"].cpu() if rank == 0 else None
     return summary
+
+
+def _tell_the_ring(store) -> None:
+    """This member was told to stop: rank 0 tells the run at the end of the update (MemberLoop.end)."""
+    store.add(_TOLD_KEY, 1)
+    stop_signal.exit_after(get_config().preempt_grace)
 
 
 class MemberLoop:
@@ -220,8 +248,9 @@ class MemberLoop:
     def end(self, iteration: int, metrics: dict, *, eval_reward=None, best=None, state=None, on_iteration=None,
             **_) -> bool:
         if self.reports is not None:
+            told = self.peers.store.add(_TOLD_KEY, 0) if self.peers.store is not None else 0
             self.reports.put(("update", self.timesteps, metrics, eval_reward,
-                              best() if eval_reward is not None and best is not None else None))
+                              best() if eval_reward is not None and best is not None else None, told))
         while True:
             command = self._command()
             if command[0] == "state":
