@@ -269,3 +269,24 @@ def test_ppo_with_an_env_server_told_to_stop_mid_rollout_ends_as_the_undisturbed
     assert told and moved["env_server_restarts"] == 0
     assert np.array_equal(parameters(quiet), parameters(moved))
     assert untimed(metrics(tmp_path / "quiet")) == untimed(metrics(tmp_path / "moved"))
+
+
+def adds_an_asyncio_signal_handler(x):
+    import asyncio
+
+    async def main():
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: None)
+        await asyncio.sleep(0.01)
+    asyncio.run(main())  # its loop takes Python's signal wakeup fd, and gives it up on closing
+    return x
+
+
+def test_a_worker_whose_task_took_the_signal_wakeup_fd_still_hears_sigterm(tmp_path, grace):
+    grace(20)
+    with mp.Pool(1, max_task_crashes=1) as pool:
+        assert pool.map(adds_an_asyncio_signal_handler, range(2)) == [0, 1]
+        result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.5) for x in range(3)], chunksize=1)
+        os.kill(worker_running_a_chunk(pool), signal.SIGTERM)
+        assert result.get(60) == [0, 1, 4]
+        assert wait_until(lambda: pool.statistics().workers_preempted == 1, 10)
+    assert executions(tmp_path) == {0: 1, 1: 1, 2: 1}

@@ -52,10 +52,11 @@ class CommonSettings:
     parent or a vanished host, and must outlast a loaded machine: 256 busy
     workers on 2 cores left heartbeats unanswered for over 3 s."""
     preempt_grace: float = 20.0
-    """Seconds a pool worker told to stop (SIGTERM: a preempted node, a deleted pod,
-    ``docker stop``) may take to finish the chunk it runs before it leaves; what it
-    held goes to other workers at once, and nothing it gives back counts as a crash.
-    Below Kubernetes' default 30 s, after which the pod is killed."""
+    """Seconds a process told to stop (SIGTERM: a preempted node, a deleted pod,
+    ``docker stop``) has to leave cleanly: a pool worker to finish the chunk it runs
+    (what it held goes to others at once, nothing counts as a crash), an env server
+    to be asked for its step, a run or a PPO learner to end its iteration and
+    checkpoint.  Below Kubernetes' default 30 s, after which the pod is killed."""
     start_timeout: float = 60.0
     """Seconds a child may take to connect back to its parent after launch."""
     max_message_size: int = 1 << 30

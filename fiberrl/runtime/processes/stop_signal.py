@@ -18,7 +18,7 @@ PREEMPTED_EXIT = 128 + signal.SIGTERM
 
 _told = threading.Event()
 _callbacks: list = []
-_lock = threading.Lock()
+_lock = threading.RLock()  # the handler may run on the main thread while it holds it (in watch)
 _watching = False
 
 
@@ -62,13 +62,21 @@ def exit_after(seconds: float) -> None:
 
 
 def _python_handler(_signum, _frame) -> None:
-    """Python writes the wakeup fd only for signals with a Python handler; the work is the watcher's."""
+    """Python writes the wakeup fd only for signals with a Python handler.  It also runs, on the main
+    thread, where something took the wakeup fd over since (an asyncio loop does): heard either way."""
+    _hear()
 
 
 def _watch(read_end: int) -> None:
     while signal.SIGTERM not in os.read(read_end, 64):
         pass  # another signal with a Python handler (SIGINT): not ours
+    _hear()
+
+
+def _hear() -> None:
     with _lock:
+        if _told.is_set():
+            return
         _told.set()
         callbacks = list(_callbacks)
     for callback in callbacks:
