@@ -6,6 +6,7 @@ import functools
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,6 +166,40 @@ def test_a_learner_told_to_stop_costs_nothing_and_no_restart(tmp_path, capsys):
     assert "resumed" in out and "after iteration 3" in out
     np.testing.assert_array_equal(parameters(whole), parameters(moved))
     assert untimed(metrics(tmp_path / "told")) == untimed(metrics(tmp_path / "whole"))
+
+
+@pytest.mark.slow
+def test_a_learners_env_server_killed_is_replaced_and_one_told_to_stop_hands_over_exactly(tmp_path):
+    """Inside a Ring as with one learner: learner 1's env server SIGKILLed is replaced (counted in the
+    run's env_server_restarts) and the run finishes; one told to stop (SIGTERM) moves its envs to a
+    new server where they were, and the run ends as the one never disturbed."""
+    from helpers.pid_env import servers_of
+
+    def settings(name):
+        (tmp_path / f"{name}-pids").mkdir()
+        return ["env.id=helpers.pid_env:Recorded-v0", "env.engine=gymnasium",
+                f"+env.kwargs.folder={tmp_path}/{name}-pids", "workers=2", "algo.learners=2",
+                "algo.envs_per_worker=2", "algo.num_steps=64", "algo.total_timesteps=1280", "algo.num_minibatches=2",
+                "seed=2"]
+
+    def signal_learner_1s_server(name, sig, done):
+        def act(update, ring):
+            if update == 1 and not done:
+                done.append(servers_of(f"{tmp_path}/{name}-pids", 1, ring.pids())[0])
+                threading.Timer(0.05, os.kill, (done[0], sig)).start()
+        return act
+
+    quiet = _train(tmp_path, "quiet", settings("quiet"))
+    killed, told = [], []
+    lost = _train(tmp_path, "killed", settings("killed"),
+                  on_iteration=signal_learner_1s_server("killed", signal.SIGKILL, killed))
+    moved = _train(tmp_path, "told", settings("told"),
+                   on_iteration=signal_learner_1s_server("told", signal.SIGTERM, told))
+    assert killed and lost["iterations"] == 5 and lost["env_server_restarts"] == 1
+    assert metrics(tmp_path / "killed")[-1]["charts/env_server_restarts"] == 1
+    assert told and moved["env_server_restarts"] == 0
+    np.testing.assert_array_equal(parameters(quiet), parameters(moved))
+    assert untimed(metrics(tmp_path / "told")) == untimed(metrics(tmp_path / "quiet"))
 
 
 @pytest.mark.slow

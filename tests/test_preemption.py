@@ -7,6 +7,9 @@ test_backend_docker.py, test_backend_slurm.py."""
 import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -290,3 +293,23 @@ def test_a_worker_whose_task_took_the_signal_wakeup_fd_still_hears_sigterm(tmp_p
         assert result.get(60) == [0, 1, 4]
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 10)
     assert executions(tmp_path) == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_forked_child_hears_neither_for_its_parent_nor_through_it():
+    """A process that watches for SIGTERM forks (no exec): the child starts with Python's way (the
+    signal ends it), and its signal is not taken for the parent's through the pipe they would share."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from fiberrl.runtime.processes import stop_signal
+        assert stop_signal.watch()
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        time.sleep(0.3)
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, stop_signal.told())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False"], done.stderr

@@ -85,3 +85,21 @@ def _hear() -> None:
 
 def _start(callback) -> None:
     threading.Thread(target=callback, name="fiberrl-told-to-stop", daemon=True).start()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a job from a fork server, a server forked by a watching process) starts
+    deaf, as Python's way: its parent's callbacks are not its own, and the wakeup pipe it would
+    inherit is its parent's, whose watcher would take the child's signal for its own."""
+    global _told, _lock, _watching
+    _told, _lock, _callbacks[:] = threading.Event(), threading.RLock(), []
+    if _watching:
+        _watching = False
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # not the main thread here: nothing of ours can run it
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
