@@ -242,7 +242,8 @@ def test_pool_loses_nothing_when_a_worker_job_is_killed(cluster):
         cluster.kill_job(victim)
         assert result.get(240) == [x * x for x in range(120)]
         stats = pool.statistics()
-        assert stats.worker_restarts >= 1
+        # a deleted pod and a cancelled Slurm job are told to stop first (SIGTERM): preempted, not crashed
+        assert stats.worker_restarts + stats.workers_preempted >= 1
         assert stats.tasks_done == 120
 
 
