@@ -363,6 +363,7 @@ def test_docker_stop_of_a_pool_worker_loses_and_charges_nothing(docker_config, a
         api.stop(a_running_worker()._job.handle.id, timeout=30)
         stopped_after = time.monotonic() - told
         assert result.get(60) == [x * x for x in range(8)]
+        assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled
         stats = pool.statistics()
         assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
         assert stopped_after < 10, f"the container took {stopped_after:.1f} s to stop"

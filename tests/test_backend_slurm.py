@@ -338,6 +338,7 @@ def test_scancel_signal_term_of_a_pool_worker_loses_and_charges_nothing():
         worker = a_running_worker()
         subprocess.run(["scancel", "--full", "--signal=TERM", worker._job.id], check=True)
         assert result.get(60) == [x * x for x in range(8)]
+        assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled
         stats = pool.statistics()
         assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
         worker.join(30)

@@ -2,7 +2,9 @@
 finishes the chunk it runs within the grace period or gives it back, what it
 held runs elsewhere at once, nothing counts as a crash, the pool replaces it;
 an env server told to stop answers its step and its envs move to a new one.
-The same on Docker (``docker stop``) and Slurm (``scancel --signal=TERM``):
+ES stays bit-identical and PPO exact through them.  Runs and PPO's learners
+told to stop: test_sweep_launcher.py, test_ppo_learners.py.  The same on
+Docker (``docker stop``) and Slurm (``scancel --signal=TERM``):
 test_backend_docker.py, test_backend_slurm.py."""
 import os
 import random
@@ -75,6 +77,7 @@ def test_a_chunk_finished_within_the_grace_runs_once(tmp_path, grace):
         pid = worker_running_a_chunk(pool)
         os.kill(pid, signal.SIGTERM)
         assert result.get(60) == [x * x for x in range(12)]
+        assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled
         stats = pool.statistics()
     assert executions(tmp_path) == {x: 1 for x in range(12)}
     assert (stats.workers_preempted, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
@@ -109,6 +112,7 @@ def test_a_stopped_worker_is_replaced_and_its_held_chunks_run_elsewhere(tmp_path
         pid = worker_running_a_chunk(pool)
         os.kill(pid, signal.SIGTERM)
         assert sorted(result.get(60)) == sorted(x * x for x in range(16))
+        assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)
         stats = pool.statistics()
         assert stats.workers_preempted == 1 and stats.worker_restarts == 0 and stats.tasks_failed == 0
         assert stats.tasks_resubmitted >= 1  # at least the chunk cut off by the short grace
