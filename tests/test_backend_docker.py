@@ -17,6 +17,7 @@ import uuid
 import pytest
 from conftest import ROOT, clean_up_as_at_exit, wait_until
 from helpers import docker_backend
+from helpers.pool_workers import worker_running_a_chunk
 
 import fiberrl.runtime as mp
 from fiberrl.runtime.backends import OWNER, JobSpec, get_backend
@@ -352,15 +353,8 @@ def test_docker_stop_of_a_pool_worker_loses_and_charges_nothing(docker_config, a
     pool = mp.Pool(2, max_task_crashes=1)
     try:
         result = pool.map_async(slow_square, range(8), chunksize=1)
-        policy = pool._scheduler.policy
-
-        def a_running_worker():
-            with pool._scheduler.lock:
-                return next((w.process for w in policy.workers.values()
-                             if w.inflight and w.inflight[0].id == w.running), None)
-        assert wait_until(lambda: a_running_worker() is not None, 60)
         told = time.monotonic()
-        api.stop(a_running_worker()._job.handle.id, timeout=30)
+        api.stop(worker_running_a_chunk(pool)._job.handle.id, timeout=30)
         stopped_after = time.monotonic() - told
         assert result.get(60) == [x * x for x in range(8)]
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from conftest import ROOT, wait_until
+from helpers.pool_workers import worker_running_a_chunk
 from helpers.slurm_backend import available, kill_job, leftovers, settings
 
 import fiberrl.runtime as mp
@@ -328,14 +329,7 @@ def test_scancel_signal_term_of_a_pool_worker_loses_and_charges_nothing():
     pool = mp.Pool(2, max_task_crashes=1)
     try:
         result = pool.map_async(slow_square, range(8), chunksize=1)
-        policy = pool._scheduler.policy
-
-        def a_running_worker():
-            with pool._scheduler.lock:
-                return next((w.process for w in policy.workers.values()
-                             if w.inflight and w.inflight[0].id == w.running), None)
-        assert wait_until(lambda: a_running_worker() is not None, 60)
-        worker = a_running_worker()
+        worker = worker_running_a_chunk(pool)
         subprocess.run(["scancel", "--full", "--signal=TERM", worker._job.id], check=True)
         assert result.get(60) == [x * x for x in range(8)]
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled

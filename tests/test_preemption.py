@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from conftest import pid_alive, wait_until
+from helpers.pool_workers import worker_running_a_chunk, workers_taking_work
 
 import fiberrl.runtime as mp
 
@@ -54,18 +55,6 @@ def running_workers(pool, count):
     return [w.process for w in pool._scheduler.policy.workers.values() if w.stream_id is not None]
 
 
-def worker_running_a_chunk(pool):
-    """The pid of a worker that said it started a chunk it still runs."""
-    policy = pool._scheduler.policy
-
-    def find():
-        with pool._scheduler.lock:
-            return next((w.process.pid for w in policy.workers.values()
-                         if w.inflight and w.inflight[0].id == w.running), None)
-    assert wait_until(lambda: find() is not None, 30)
-    return find()
-
-
 def test_a_chunk_finished_within_the_grace_runs_once(tmp_path, grace):
     """Told to stop mid-chunk, the worker finishes it (each task runs exactly once), gives back
     what it held but had not started, and leaves; with max_task_crashes=1 one charge would fail
@@ -74,7 +63,7 @@ def test_a_chunk_finished_within_the_grace_runs_once(tmp_path, grace):
     with mp.Pool(2, max_task_crashes=1) as pool:
         running_workers(pool, 2)
         result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.4) for x in range(12)], chunksize=2)
-        pid = worker_running_a_chunk(pool)
+        pid = worker_running_a_chunk(pool).pid
         os.kill(pid, signal.SIGTERM)
         assert result.get(60) == [x * x for x in range(12)]
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)  # its end is handled
@@ -91,7 +80,7 @@ def test_a_chunk_longer_than_the_grace_runs_again_uncharged(tmp_path, grace):
     with mp.Pool(2, max_task_crashes=1) as pool:
         running_workers(pool, 2)
         long = pool.apply_async(record_and_square, (0, str(tmp_path), 30))
-        pid = worker_running_a_chunk(pool)
+        pid = worker_running_a_chunk(pool).pid
         os.kill(pid, signal.SIGTERM)
         told = time.monotonic()
         assert wait_until(lambda: not pid_alive(pid), 10)
@@ -109,7 +98,7 @@ def test_a_stopped_worker_is_replaced_and_its_held_chunks_run_elsewhere(tmp_path
     with mp.Pool(2, max_task_crashes=1, prefetch=4) as pool:
         workers = running_workers(pool, 2)
         result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.5) for x in range(16)], chunksize=1)
-        pid = worker_running_a_chunk(pool)
+        pid = worker_running_a_chunk(pool).pid
         os.kill(pid, signal.SIGTERM)
         assert sorted(result.get(60)) == sorted(x * x for x in range(16))
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 30)
@@ -146,9 +135,7 @@ def test_a_storm_of_preemptions_runs_every_task_exactly_once(tmp_path, grace):
 
     def storm(pool):
         while not stop.wait(0.2):
-            with pool._scheduler.lock:
-                pids = [w.process.pid for w in pool._scheduler.policy.workers.values()
-                        if w.stream_id is not None and not w.retiring]
+            pids = workers_taking_work(pool)
             if pids:
                 told.append(random.choice(pids))
                 os.kill(told[-1], signal.SIGTERM)
@@ -243,9 +230,7 @@ def test_es_under_preemptions_gives_the_parameters_of_an_undisturbed_run(tmp_pat
             deadline = time.monotonic() + 5
             while pool.statistics().tasks_in_flight == 0 and time.monotonic() < deadline:
                 time.sleep(0.0005)
-            with pool._scheduler.lock:
-                pids = [w.process.pid for w in pool._scheduler.policy.workers.values()
-                        if w.stream_id is not None and not w.retiring]
+            pids = workers_taking_work(pool)
             if pids:
                 told.append(pids[0])
                 os.kill(pids[0], signal.SIGTERM)
@@ -293,7 +278,7 @@ def test_a_worker_whose_task_took_the_signal_wakeup_fd_still_hears_sigterm(tmp_p
     with mp.Pool(1, max_task_crashes=1) as pool:
         assert pool.map(adds_an_asyncio_signal_handler, range(2)) == [0, 1]
         result = pool.starmap_async(record_and_square, [(x, str(tmp_path), 0.5) for x in range(3)], chunksize=1)
-        os.kill(worker_running_a_chunk(pool), signal.SIGTERM)
+        os.kill(worker_running_a_chunk(pool).pid, signal.SIGTERM)
         assert result.get(60) == [0, 1, 4]
         assert wait_until(lambda: pool.statistics().workers_preempted == 1, 10)
     assert executions(tmp_path) == {0: 1, 1: 1, 2: 1}

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..processes.stop_signal import told_to_stop
 from .cpu_gate import CpuGate
 from .crashes import CrashAccount, Loss
-from .preemption import told_to_stop
 from .protocol import CLOSED, OK
 from .tasks import Chunk, LazyInput, batch_frames
 

@@ -16,10 +16,8 @@ import time
 
 from ..net.errors import LinkError
 from ..processes import stop_signal
-from ..processes.stop_signal import PREEMPTED_EXIT, told_to_stop
+from ..processes.stop_signal import PREEMPTED_EXIT
 from .protocol import W_LEAVE
-
-__all__ = ["PREEMPTED_EXIT", "Preemption", "told_to_stop"]
 
 
 class Preemption:
@@ -41,12 +39,12 @@ class Preemption:
         with self.lock:  # a signal before this ends the worker at once (_told)
             self._stream = stream
 
-    def send_unless_leaving(self, stream, parts) -> bool:
-        """Send ``parts`` unless the worker leaves; whether it sent them."""
+    def send_unless_leaving(self, parts) -> bool:
+        """Send ``parts`` to the master unless the worker leaves; whether it sent them."""
         with self.lock:
             if self.leaving:
                 return False
-            stream.send(parts)
+            self._stream.send(parts)
             return True
 
     def _told(self) -> None:

@@ -149,12 +149,12 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
                 last = i + 1 == len(batch)
                 # once told to stop it starts nothing more: the master gives what it holds to others
                 if has_func:
-                    if not preemption.send_unless_leaving(stream, [bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)]):
+                    if not preemption.send_unless_leaving([bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)]):
                         return leave(stream)
                     funcs[func_id] = load_function(next(blobs))
                 # says it starts the chunk; asking for the next batch says so too, in one message
                 start = bytes((W_GET if last and backlog else W_START,))
-                if not preemption.send_unless_leaving(stream, [start, CHUNK_ID.pack(chunk_id)]):
+                if not preemption.send_unless_leaving([start, CHUNK_ID.pack(chunk_id)]):
                     return leave(stream)
                 clock.start()
                 ok, blob = run_chunk(funcs[func_id], next(blobs), star)
