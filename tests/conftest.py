@@ -62,3 +62,43 @@ def clean_up_as_at_exit(backend_name: str) -> None:
     and anything its jobs left), so that a leak check can run mid-session."""
     from fiberrl.runtime.backends import OWNER, get_backend
     get_backend(backend_name).cleanup(OWNER)
+
+
+# --- jobs on a real Docker daemon: a module of such tests names the first two in its pytestmark
+# (pytest.mark.usefixtures("a_docker_daemon", "no_containers_left")) and asks for the others
+@pytest.fixture(scope="module")
+def a_docker_daemon():
+    """Without one, the module's tests are skipped.  Asked when they run, not when they are collected:
+    a daemon that does not answer can take its client's timeout to say so."""
+    from helpers import docker_backend
+    reason = docker_backend.available()
+    if reason is not None:
+        pytest.skip(f"docker backend cannot run here: {reason}")
+
+
+@pytest.fixture(scope="module")
+def no_containers_left(a_docker_daemon):
+    from helpers import docker_backend
+    yield
+    clean_up_as_at_exit("docker")
+    assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), \
+        f"containers left: {docker_backend.leftovers()}"
+
+
+@pytest.fixture(scope="module")
+def api(a_docker_daemon):
+    from helpers import docker_backend
+    return docker_backend._client()
+
+
+@pytest.fixture
+def docker_config(a_docker_daemon):
+    """The runtime pointed at the test image; extra settings by calling it."""
+    from helpers import docker_backend
+
+    def configure(**extra):
+        return mp.configure(**{**docker_backend.settings(), **extra})
+
+    configure()
+    yield configure
+    mp.config.reset()

@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, clean_up_as_at_exit, wait_until
+from conftest import ROOT, wait_until
 from helpers import docker_backend
 from helpers.pool_workers import worker_running_a_chunk
 
@@ -24,41 +24,8 @@ from fiberrl.runtime.backends import OWNER, JobSpec, get_backend
 from fiberrl.runtime.backends.docker import DockerBackend, DockerError, exit_code
 from fiberrl.runtime.net import auth
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("a_docker_daemon", "no_containers_left")]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def a_docker_daemon():
-    """Without one, the tests here are skipped.  Asked when they run, not when they are collected:
-    a daemon that does not answer can take its client's timeout to say so."""
-    reason = docker_backend.available()
-    if reason is not None:
-        pytest.skip(f"docker backend cannot run here: {reason}")
-
-
-@pytest.fixture(scope="module")
-def api():
-    return docker_backend._client()
-
-
-@pytest.fixture
-def docker_config():
-    """The runtime pointed at the test image; extra settings by calling it."""
-    def configure(**extra):
-        return mp.configure(**{**docker_backend.settings(), **extra})
-
-    configure()
-    yield configure
-    mp.config.reset()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_containers_left(a_docker_daemon):
-    yield
-    clean_up_as_at_exit("docker")
-    assert wait_until(lambda: not docker_backend.leftovers(), 30, 0.2), \
-        f"containers left: {docker_backend.leftovers()}"
 
 
 # --- what the jobs run ---------------------------------------------------------

@@ -79,7 +79,7 @@ def links():
 def test_the_job_sees_its_parent_hang_up_at_once(links):
     """The hang-up itself ends the job's wait: not its timeout (wait_lost is False when that passes),
     nor a request that fails (none is sent until the job knows)."""
-    parent = links(lambda op, body: (OK, b""))
+    parent = links(lambda op, body, link: (OK, b""))
     link = ParentLink(parent.address, connect_timeout=10)
     assert link.request(PING, timeout=10)[0] == OK
     assert not link.wait_lost(0.2) and link.alive
@@ -95,7 +95,7 @@ def test_the_job_sees_its_parent_hang_up_at_once(links):
 
 def test_a_request_that_times_out_ends_the_link(links):
     """Its late reply would otherwise answer the next request."""
-    def slow(op, body):
+    def slow(op, body, link):
         time.sleep(1.0)
         return OK, bytes(body)
     link = ParentLink(links(slow).address, connect_timeout=10)
@@ -107,7 +107,7 @@ def test_a_request_that_times_out_ends_the_link(links):
 
 
 def test_replies_come_in_order_to_many_threads(links):
-    link = ParentLink(links(lambda op, body: (OK, bytes(body))).address, connect_timeout=10)
+    link = ParentLink(links(lambda op, body, link: (OK, bytes(body))).address, connect_timeout=10)
     wrong = []
 
     def ask(i):
@@ -121,3 +121,27 @@ def test_replies_come_in_order_to_many_threads(links):
     for t in threads:
         t.join()
     assert not wrong
+
+
+def test_the_parent_hears_each_job_and_can_hang_up_on_one(links):
+    """What a parent needs to give up a job that went silent: when it last spoke, by the process
+    it asked to be, and an end to its link that the job sees (its lifeline then exits)."""
+    parent = None
+
+    def handle(op, body, link):
+        if op == LAUNCH:
+            parent.name(link, bytes(body))
+        return OK, b""
+    parent = links(handle)
+    first, second = (ParentLink(parent.address, connect_timeout=10) for _ in range(2))
+    assert parent.heard(b"first") is None  # not named yet
+    first.request(LAUNCH, b"first", timeout=10)
+    second.request(LAUNCH, b"second", timeout=10)
+    heard = parent.heard(b"first")
+    time.sleep(0.2)
+    first.request(PING, timeout=10)
+    assert parent.heard(b"first") - heard >= 0.2
+    parent.hang_up(b"first")
+    assert first.wait_lost(10) and not first.alive
+    assert parent.heard(b"first") is None
+    assert second.request(PING, timeout=10)[0] == OK and parent.heard(b"second") is not None

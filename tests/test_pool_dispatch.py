@@ -164,7 +164,7 @@ def test_each_result_is_delivered_once_and_a_lost_workers_late_results_are_refus
     w1 = pool.connect()[0]
     pool.ask(w1)
     assert pool.results(w1, chunks[1:])[0] == chunks[1:]
-    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, preempted=0, in_flight=0)
+    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, preempted=0, cut_off=0, in_flight=0)
 
 
 def test_a_loss_charges_only_the_chunk_the_worker_said_it_started_and_reruns_all_first():

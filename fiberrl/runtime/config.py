@@ -51,6 +51,13 @@ class CommonSettings:
     dies is seen at once (its connection closes); this only catches a hung
     parent or a vanished host, and must outlast a loaded machine: 256 busy
     workers on 2 cores left heartbeats unanswered for over 3 s."""
+    silence_timeout: float = 10.0
+    """A job on another host (any backend but local) that has not been heard for this
+    long (its heartbeat comes every ``heartbeat_interval``) is counted cut off: its
+    host partitioned or stalled.  A pool hands its work to other workers, kills its
+    job through the backend and starts its successor; the job, once it can hear,
+    finds itself given up and exits, so it is replaced, never back as well.  A
+    shorter stall costs only its time.  0: wait for ever."""
     preempt_grace: float = 20.0
     """Seconds a process told to stop (SIGTERM: a preempted node, a deleted pod,
     ``docker stop``) has to leave cleanly: a pool worker to finish the chunk it runs
@@ -152,7 +159,7 @@ def _seconds(value: float) -> bool:
 
 
 _SECONDS = (_seconds, "a finite number of seconds > 0")
-# 0: a job not running at once is given up on (what the backends' tests set)
+# 0: a job not running at once is given up on (what the backends' tests set); a silent job never is
 _SECONDS_OR_NONE = (lambda value: math.isfinite(value) and value >= 0, "a finite number of seconds >= 0")
 # what a setting may hold beyond its type, checked wherever it comes from: setting -> (test, what is allowed)
 _LIMITS = {
@@ -161,6 +168,7 @@ _LIMITS = {
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,
     "preempt_grace": _SECONDS,
+    "silence_timeout": _SECONDS_OR_NONE,
     "schedule_timeout": _SECONDS_OR_NONE,
     "max_message_size": (lambda size: size >= 1, "a number of bytes >= 1"),
     "cpu_per_job": (lambda cpu: math.isfinite(cpu) and cpu >= 0, "a number of cores >= 0"),

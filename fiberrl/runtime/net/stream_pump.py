@@ -241,6 +241,11 @@ class StreamPump:
                 # may have left frames in the stream's own buffer, which it does not
                 return True
 
+    def drop(self, stream: Stream, key) -> None:
+        """End ``stream`` from this side: ``on_closed`` runs as if its peer had ended it (once,
+        whichever ends it first), and frames that arrive after are never read."""
+        self._drop(stream.fileno(), stream, key)
+
     def _rearm(self, fd: int) -> None:
         try:
             self._poller.rearm(fd)
@@ -249,8 +254,10 @@ class StreamPump:
 
     def _drop(self, fd: int, stream: Stream, key) -> None:
         with self._lock:
-            if self._streams.pop(fd, None) is None:
-                return
+            entry = self._streams.get(fd)
+            if entry is None or entry[0] is not stream:
+                return  # dropped already (its number may be another stream's by now)
+            del self._streams[fd]
             try:
                 self._poller.remove(fd)
             except (OSError, ValueError, KeyError):

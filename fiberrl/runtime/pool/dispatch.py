@@ -15,6 +15,8 @@ replies it returns -- (request, status, parts) -- once the lock is released.
   is done.
 - A lost worker's chunks are rerun first, elsewhere, less those that its
   death fails (what a death costs: crashes.py).
+- A worker unheard for ``silence_timeout`` is given up (lifecycle.py): a
+  lost worker whose chunks are rerun, none of them charged.
 - A worker told to stop (preemption.py) retires at once: what it holds but
   has not started is rerun first, elsewhere, its successor starts, and
   nothing it gives back then or at its end is charged.
@@ -35,7 +37,7 @@ RUN, CLOSE, TERMINATE = "run", "close", "terminate"
 class Worker:
     """What the policy knows of one worker; ``process`` is its owner's and never touched here."""
     __slots__ = ("id", "process", "stream_id", "parked", "inflight", "running", "loading", "funcs", "tasks_done",
-                 "retiring", "asked", "started_at", "preempted")
+                 "retiring", "asked", "started_at", "preempted", "cut_off")
 
     def __init__(self, worker_id: int, process, started_at: float):
         self.id, self.process, self.started_at = worker_id, process, started_at
@@ -49,6 +51,7 @@ class Worker:
         self.retiring = False
         self.asked = False
         self.preempted = False
+        self.cut_off = False  # given up for lost after long silence (lifecycle.py)
 
 
 def _nothing() -> None:
@@ -76,7 +79,7 @@ class DispatchPolicy:
         self.working = 0  # workers with chunks in flight
         self.lost: deque[Worker] = deque()
         self.lazy: list[LazyInput] = []
-        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, preempted=0, in_flight=0)
+        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, preempted=0, cut_off=0, in_flight=0)
 
     # --- workers coming and going --------------------------------------------
     def wants_worker(self) -> bool:
@@ -328,6 +331,8 @@ class DispatchPolicy:
         preempted = worker.preempted or (not worker.asked and told_to_stop(exitcode))
         if preempted:
             lost = "it was told to stop"  # what it gives back is not its fault
+        elif worker.cut_off:
+            lost = "its host was cut off"  # nor is a partition
         if inflight:
             inflight, failed, self.pending = self.crashes.charge(worker, inflight, self.pending, lost,
                                                                  self.target_size)
@@ -338,6 +343,8 @@ class DispatchPolicy:
         expected = worker.retiring and not inflight and not failed and exitcode == 0
         if preempted:
             self.counts["preempted"] += 1
+        elif worker.cut_off:
+            self.counts["cut_off"] += 1
         elif not expected:
             self.counts["restarts"] += 1
             if not worker.asked and not lost:

@@ -1,6 +1,7 @@
 """The pool's workers' lifecycle, on one manager thread per pool: starts
 workers up to the pool's size (lower in priority while they outnumber the
-cores), replaces those lost, gives up on a pool whose workers never connect
+cores), replaces those lost (those unheard for ``silence_timeout``, on
+another host, given up as lost), gives up on a pool whose workers never connect
 within the startup deadline, pulls lazy (imap) input as workers can take it,
 and ends the workers of a closed pool once its work is done.
 
@@ -37,6 +38,8 @@ class WorkerLifecycle:
         self._initializer, self._initargs = initializer, initargs
         self._worker_resources, self._local = worker_resources, local
         self._worker_ids = itertools.count()
+        # a local worker cannot be cut off, and its death is seen at once
+        self._silence_timeout = 0.0 if local else get_config().silence_timeout
         self._thread = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
 
     def start(self) -> None:
@@ -56,8 +59,11 @@ class WorkerLifecycle:
                 if policy.state == TERMINATE:
                     return
                 replies = policy.release_stalled()
+                silent = self._silent_workers()
                 lost = policy.take_lost()
                 unreachable = self._none_connected_in_time(starting)
+            for worker in silent:
+                self._give_up(worker)
             # workers that died before connecting: the backend's status is the only witness (asked
             # with the lock released; one already handled is skipped by _handle_loss)
             lost += [w for w in starting if w.process.exitcode is not None]
@@ -78,6 +84,8 @@ class WorkerLifecycle:
         """How long the manager may sleep unwoken: it watches starting workers, and a gate holding chunks."""
         waits = [0.5] if starting else []
         policy = self._policy
+        if self._silence_timeout and len(starting) < len(policy.workers):
+            waits.append(min(1.0, self._silence_timeout / 4))
         if policy.gate.is_holding() and policy.pending:
             waits.append(policy.gate.patience(policy.pending[0].func_id))
         return min(waits, default=None)
@@ -133,6 +141,33 @@ class WorkerLifecycle:
                 return
 
     # --- losing -------------------------------------------------------------------
+    def _silent_workers(self) -> list[Worker]:
+        """Connected workers unheard for ``silence_timeout`` (with the lock held), marked cut off."""
+        if not self._silence_timeout:
+            return []
+        silent = []
+        for worker in self._policy.workers.values():
+            if worker.stream_id is None or worker.cut_off:
+                continue
+            quiet = worker.process.silent_for()
+            if quiet is not None and quiet > self._silence_timeout:
+                worker.cut_off = True
+                silent.append(worker)
+        return silent
+
+    def _give_up(self, worker: Worker) -> None:
+        """A worker cut off (its host partitioned or stalled) is lost: its stream ended here, so that
+        nothing it sends after is read, its work rerun elsewhere uncharged, its job killed and its
+        link ended, so that it cannot come back once its host does."""
+        log.warning("pool worker %s (pid %s) has not been heard for over %.0f s (silence_timeout): its host "
+                    "is cut off or stalled; giving it up and rerunning its tasks elsewhere",
+                    worker.process.name, worker.process.pid, self._silence_timeout)
+        self._scheduler.hang_up(worker.stream_id)
+        try:
+            worker.process.cut_off()
+        except Exception as exc:  # the backend cannot reach it either: its lifeline ends it
+            log.warning("could not kill the job of cut-off pool worker %s: %s", worker.process.name, exc)
+
     def _handle_loss(self, worker: Worker) -> None:
         process = worker.process
         exitcode = process.exitcode
@@ -145,7 +180,9 @@ class WorkerLifecycle:
             if loss is None:
                 return
             replies = self._policy.dispatch()
-        if loss.preempted:
+        if worker.cut_off:
+            pass  # said when it was given up
+        elif loss.preempted:
             log.info("pool worker %s (pid %s) was told to stop and left (exit code %s)%s", process.name, process.pid,
                      exitcode, f"; rerunning {sum(c.count for c in loss.resubmitted)} task(s) it could not finish"
                      if loss.resubmitted else "")

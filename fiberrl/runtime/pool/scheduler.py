@@ -64,6 +64,9 @@ class PoolStatistics:
     worker_restarts: int
     workers_preempted: int = 0
     """workers that left when told to (SIGTERM), their work handed to others: not restarts"""
+    workers_cut_off: int = 0
+    """workers unheard for ``silence_timeout`` (their host partitioned or stalled), given up and
+    replaced, their work handed to others: not restarts"""
 
 
 class Scheduler:
@@ -78,6 +81,7 @@ class Scheduler:
         self.policy = DispatchPolicy(size, prefetch, maxtasksperchild, max_task_crashes, gate, self.tasks.blobs,
                                      self.wake_condition.notify_all)
         self._stream_ids = itertools.count(1)
+        self._streams: dict[int, Stream] = {}  # the workers' streams by id, until they end
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
         self._lifecycle = WorkerLifecycle(self, initializer, initargs, worker_resources, local)
@@ -125,13 +129,22 @@ class Scheduler:
 
     # --- the workers' requests (on whichever thread reads the streams) ------
     def _serve_worker(self, stream: Stream) -> None:
-        self.pump.add(stream, next(self._stream_ids))
+        stream_id = next(self._stream_ids)
+        self._streams[stream_id] = stream
+        self.pump.add(stream, stream_id)
+
+    def hang_up(self, stream_id: int) -> None:
+        """End a worker's stream from this side: the worker is lost, and what it sends after is never read."""
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            self.pump.drop(stream, stream_id)
 
     def _on_frames(self, stream: Stream, stream_id: int, frames) -> None:
         for frame in frames:
             self.handle(WorkerRequest(stream, stream_id, frame))
 
     def _on_stream_closed(self, _stream: Stream, stream_id: int) -> None:
+        self._streams.pop(stream_id, None)
         with self.lock:
             self.policy.stream_ended(stream_id)
 
@@ -241,4 +254,5 @@ class Scheduler:
                 tasks_resubmitted=policy.counts["resubmitted"],
                 worker_restarts=policy.counts["restarts"],
                 workers_preempted=policy.counts["preempted"],
+                workers_cut_off=policy.counts["cut_off"],
             )

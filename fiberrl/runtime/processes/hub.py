@@ -22,7 +22,7 @@ from ..config import get_config
 from ..net.errors import PeerGone
 from ..net.transport import ERROR, MISSING, OK, Client, Request, Server
 from .output import write_forwarded
-from .parent_link import ChildLinks
+from .parent_link import ChildLink, ChildLinks
 from .startup import prepare_process
 
 log = logging.getLogger("fiberrl")
@@ -141,13 +141,27 @@ class Hub:
     def withdraw_launch(self, process_id: bytes) -> None:
         self._launches.pop(process_id, None)
 
-    def _serve_child(self, op: int, body: memoryview) -> tuple[int, bytes]:
+    def heard_from(self, process_id: bytes) -> float | None:
+        """When the job of ``process_id`` last spoke over its link (``time.monotonic``); None
+        before it fetched its task and once its link has ended."""
+        return None if self._child_links is None else self._child_links.heard(process_id)
+
+    def hang_up_on(self, process_id: bytes) -> None:
+        """End the link of ``process_id``'s job (see ChildLinks.hang_up)."""
+        if self._child_links is not None:
+            self._child_links.hang_up(process_id)
+
+    def _serve_child(self, op: int, body: memoryview, link: ChildLink) -> tuple[int, bytes]:
         """A request over a job's link."""
         if op == PING:
             return OK, b""
         if op == LAUNCH:
-            payload = self._launches.pop(bytes(body), None)
-            return (MISSING, b"") if payload is None else (OK, payload)
+            process_id = bytes(body)
+            payload = self._launches.pop(process_id, None)
+            if payload is None:
+                return MISSING, b""
+            self._child_links.name(link, process_id)
+            return OK, payload
         if op == REPORT:
             log.error("%s", bytes(body).decode(errors="replace"))
             return OK, b""

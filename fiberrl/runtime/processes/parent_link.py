@@ -26,14 +26,26 @@ from ..net.transport import ERROR
 _HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
+class ChildLink:
+    """One job's link as its parent sees it: when the job last spoke over it (its heartbeat
+    at least every ``heartbeat_interval``) and, once it asked for its task, which process it is."""
+    __slots__ = ("stream", "heard", "process_id")
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+        self.heard = time.monotonic()
+        self.process_id: bytes | None = None
+
+
 class ChildLinks:
     """The parent's side: accepts its jobs' links and answers their requests
-    with ``handle(op, body) -> (status, payload)``, on one thread for all."""
+    with ``handle(op, body, link) -> (status, payload)``, on one thread for all."""
 
     def __init__(self, host: str, handle):
         self._handle = handle
         self._extra: list[Listener] = []
-        self._pump = StreamPump(self._on_frames, lambda stream, key: None, "fiberrl-child-links")
+        self._named: dict[bytes, ChildLink] = {}
+        self._pump = StreamPump(self._on_frames, self._on_closed, "fiberrl-child-links")
         self._listener = Listener(host, self._adopt, hand_off=True, name="children")
         self.address = self._listener.address
 
@@ -44,12 +56,34 @@ class ChildLinks:
         return listener.address
 
     def _adopt(self, stream: Stream) -> None:
-        self._pump.add(stream, None)
+        self._pump.add(stream, ChildLink(stream))
 
-    def _on_frames(self, stream: Stream, _key, frames) -> None:
+    def name(self, link: ChildLink, process_id: bytes) -> None:
+        """``link`` is the job of process ``process_id`` (it asked for that process's task)."""
+        link.process_id = process_id
+        self._named[process_id] = link
+
+    def heard(self, process_id: bytes) -> float | None:
+        """When the job of ``process_id`` last spoke (``time.monotonic``); None while it has no link."""
+        link = self._named.get(process_id)
+        return None if link is None else link.heard
+
+    def hang_up(self, process_id: bytes) -> None:
+        """End the link of ``process_id``'s job: once it can hear, the job sees its parent gone
+        and exits (its lifeline), so a job given up for lost cannot come back."""
+        link = self._named.get(process_id)
+        if link is not None:
+            self._pump.drop(link.stream, link)
+
+    def _on_closed(self, _stream: Stream, link: ChildLink) -> None:
+        if link.process_id is not None and self._named.get(link.process_id) is link:
+            del self._named[link.process_id]
+
+    def _on_frames(self, stream: Stream, link: ChildLink, frames) -> None:
+        link.heard = time.monotonic()
         for frame in frames:
             try:
-                status, payload = self._handle(frame[0], memoryview(frame)[1:]) if frame else (ERROR, b"")
+                status, payload = self._handle(frame[0], memoryview(frame)[1:], link) if frame else (ERROR, b"")
             except Exception as exc:  # a bad request must not end the links of every job
                 status, payload = ERROR, repr(exc).encode()
             try:

@@ -15,6 +15,7 @@ import multiprocessing.process
 import os
 import pickle
 import threading
+import time
 import uuid
 from multiprocessing.process import AuthenticationString
 
@@ -116,6 +117,7 @@ class Process(BaseProcess):
         self._parent_pid = os.getpid()
         self._parent_name = parent.name
         self._job = None
+        self._link_id: bytes | None = None  # how its job names itself to this process's hub
         self._backend_name: str | None = None
         self._pid: int | None = None
         self._exitcode: int | None = None
@@ -262,6 +264,7 @@ class Process(BaseProcess):
             _give_back(handed)
             raise
         self._pid = self._job.pid
+        self._link_id = process_id
         # as multiprocessing: the parent lets go of what only the child needs
         del self._target, self._args, self._kwargs
         if handed:
@@ -298,6 +301,21 @@ class Process(BaseProcess):
         self._check_usable()
         if self._job is not None:
             self._backend().terminate(self._job, force=True)
+
+    def silent_for(self) -> float | None:
+        """Seconds since its job last spoke to this process (a heartbeat comes every
+        ``heartbeat_interval``); None before it started running and once it has ended.
+        Long silence means its host is cut off or stalled, or this process was."""
+        heard = None if self._link_id is None else get_hub().heard_from(self._link_id)
+        return None if heard is None else time.monotonic() - heard
+
+    def cut_off(self) -> None:
+        """Give it up for lost: end its link, so that a job which was only cut off exits once
+        it can hear (never to come back), and kill its job through the backend."""
+        self._check_usable()
+        if self._link_id is not None:
+            get_hub().hang_up_on(self._link_id)
+        self.kill()
 
     def close(self) -> None:
         if self._job is not None and self.exitcode is None:

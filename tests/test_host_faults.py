@@ -1,0 +1,155 @@
+"""Hosts that fail without dying, on a real Docker daemon, each container standing in for a
+host with its own address: cut off from the network (``docker network disconnect``, healed by
+``connect``, which gives it its address back) or stalled (``docker pause``).  A pool's master
+hears every worker's heartbeat; one unheard for ``silence_timeout`` is given up, its tasks
+rerun elsewhere uncharged, its job killed and its link ended; a shorter fault costs only time.
+
+Skipped, with the reason, when no daemon answers (see .ci/start-docker).
+"""
+import os
+import time
+
+import pytest
+from conftest import wait_until
+from docker.errors import NotFound
+from docker.types import IPAMConfig, IPAMPool
+from helpers.pool_workers import worker_running_a_chunk
+
+import fiberrl.runtime as mp
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("a_docker_daemon", "no_containers_left")]
+
+
+def slow_square(x):
+    time.sleep(1.0)
+    return x * x
+
+
+def square(x):
+    return x * x
+
+
+NETWORK = f"fiberrl-test-faults-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def hosts(api):
+    """A network of the containers' own, where a healed host gets its address back (the default
+    bridge may hand it another, which no partition does)."""
+    pool = IPAMPool(subnet="172.29.0.0/16", gateway="172.29.0.1")
+    api.create_network(NETWORK, driver="bridge", ipam=IPAMConfig(pool_configs=[pool]))
+    yield
+    api.remove_network(NETWORK)
+
+
+@pytest.fixture
+def config(docker_config, hosts):
+    def configure(**extra):
+        return docker_config(docker_network=NETWORK, **extra)
+    return configure
+
+
+def cut(api, container: str, fault: str) -> str | None:
+    """Cut ``container`` off; its address, to heal it with."""
+    if fault == "pause":
+        api.pause(container)
+        return None
+    address = api.inspect_container(container)["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+    api.disconnect_container_from_network(container, NETWORK)
+    return address
+
+
+def heal(api, container: str, fault: str, address: str | None) -> None:
+    try:
+        if fault == "pause":
+            api.unpause(container)
+        else:
+            api.connect_container_to_network(container, NETWORK, ipv4_address=address)
+    except NotFound:
+        pass  # given up and killed: nothing to heal
+
+
+def running(api, container: str) -> bool:
+    try:
+        return api.inspect_container(container)["State"]["Running"]
+    except NotFound:
+        return False
+
+
+@pytest.mark.parametrize("fault", ["partition", "pause"])
+def test_a_host_silent_past_the_deadline_is_given_up_and_its_tasks_rerun(config, api, fault):
+    """Cut off mid-task for longer than ``silence_timeout``: the master notices within a heartbeat
+    of the deadline, reruns what the worker held elsewhere without charging it (max_task_crashes=1
+    would fail a charged task), kills its container and starts its successor; every result comes
+    once, and the healed host's worker never comes back."""
+    config(silence_timeout=4)
+    pool = mp.Pool(2, max_task_crashes=1)
+    try:
+        result = pool.map_async(slow_square, range(10), chunksize=1)
+        container = worker_running_a_chunk(pool)._job.handle.id
+        address = cut(api, container, fault)
+        cut_at = time.monotonic()
+        try:
+            assert wait_until(lambda: pool.statistics().workers_cut_off == 1, 30)
+            noticed = time.monotonic() - cut_at
+            assert result.get(60) == [x * x for x in range(10)]
+        finally:
+            heal(api, container, fault, address)
+        stats = pool.statistics()
+        assert (stats.workers_cut_off, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
+        assert stats.tasks_resubmitted >= 1
+        # silence counts from the last heartbeat heard, up to a heartbeat_interval before the cut
+        assert 3 <= noticed < 7, f"noticed {noticed:.1f} s after the cut, silence_timeout 4 s"
+        assert wait_until(lambda: not running(api, container), 30)
+        assert pool.map(square, range(6)) == [x * x for x in range(6)]
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+@pytest.mark.parametrize("fault", ["partition", "pause"])
+def test_a_host_silent_for_less_than_the_deadline_costs_only_time(config, api, fault):
+    """Cut off mid-task for 3 s of the default 10 s ``silence_timeout``: once healed, its worker goes
+    on where it was (the connection survives: TCP resends what the cut held up, within about twice
+    the cut as its resends back off), nothing is rerun."""
+    assert config().silence_timeout == 10
+    pool = mp.Pool(2, max_task_crashes=1)
+    try:
+        result = pool.map_async(slow_square, range(10), chunksize=1)
+        container = worker_running_a_chunk(pool)._job.handle.id
+        address = cut(api, container, fault)
+        time.sleep(3)
+        heal(api, container, fault, address)
+        assert result.get(60) == [x * x for x in range(10)]
+        stats = pool.statistics()
+        assert (stats.workers_cut_off, stats.worker_restarts, stats.tasks_resubmitted) == (0, 0, 0)
+        assert running(api, container)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+def wait_forever():
+    time.sleep(600)
+
+
+def test_a_job_cut_off_from_its_parent_ends_itself(config, api):
+    """A job whose parent stops answering (here: its host cut off for good) exits within its
+    lifeline's deadline (``heartbeat_timeout``), so nothing is left running where the master
+    cannot reach."""
+    config(heartbeat_timeout=4, silence_timeout=0)
+    process = mp.Process(target=wait_forever)
+    process.start()
+    try:
+        assert wait_until(lambda: process.silent_for() is not None, 60)
+        container = process._job.handle.id
+        cut(api, container, "partition")
+        cut_at = time.monotonic()
+        assert wait_until(lambda: not running(api, container), 30)
+        ended = time.monotonic() - cut_at
+        assert ended < 4 + 2 * mp.get_config().heartbeat_interval + 2, f"ended {ended:.1f} s after the cut"
+    finally:
+        process.kill()
+        process.join(30)
