@@ -37,6 +37,7 @@ from fiberrl.rl.policies import POLICIES, RunningStat, make_policy, run_episode
 from fiberrl.run import DamagedFile, require
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import (
+    ANY,
     Rule,
     UsageError,
     at_least,
@@ -106,6 +107,9 @@ class Config(ESSettings):
     stop_reward: float | None = setting(None, optional(finite(), "no early stop"))  # stop once eval_reward reaches this
     # perturbations per pool task (None: the pool's default)
     chunksize: int | None = setting(None, optional(at_least(1), "the pool's default"))
+    # once no task waits, idle workers also run the tasks others still run and the first result counts
+    # (the pool's backup_tasks): a slow host no longer sets an iteration's pace; every result is the same
+    backup_tasks: bool = setting(False, ANY)
 
 
 def check_settings(cfg) -> None:
@@ -367,7 +371,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     pool = None
     try:
         store = server.ParamStore()
-        pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store))
+        pool = mp.Pool(cfg.workers, initializer=init_worker, initargs=(spec, store), backup_tasks=algo.backup_tasks)
         for iteration in loop:
             t0 = time.perf_counter()
             asked = es.ask()

@@ -128,6 +128,11 @@ def test_same_seed_same_parameters_with_any_worker_count_and_killed_workers(tmp_
     one = _train(tmp_path, "one", ["workers=1", *settings])
     three = _train(tmp_path, "three", ["workers=3", "algo.chunksize=1", *settings])
     assert np.array_equal(one["theta"], three["theta"])
+    backed_up = []
+    backups = _train(tmp_path, "backups", ["workers=3", "algo.chunksize=1", "algo.backup_tasks=true", *settings],
+                     on_iteration=lambda _iteration, pool: backed_up.append(pool.statistics().tasks_backed_up))
+    assert backed_up[-1] > 0  # tasks ran twice, their first results kept
+    assert np.array_equal(one["theta"], backups["theta"])
 
     kills, resubmitted = [], []
 
@@ -166,6 +171,11 @@ def test_box2d_episodes_do_not_depend_on_what_a_worker_ran_before(tmp_path):
     one = _train(tmp_path, "one", ["workers=1", *settings])
     three = _train(tmp_path, "three", ["workers=3", "algo.chunksize=1", *settings])
     assert np.array_equal(one["theta"], three["theta"])
+    backed_up = []
+    backups = _train(tmp_path, "backups", ["workers=3", "algo.chunksize=1", "algo.backup_tasks=true", *settings],
+                     on_iteration=lambda _iteration, pool: backed_up.append(pool.statistics().tasks_backed_up))
+    assert backed_up[-1] > 0  # tasks ran twice, their first results kept
+    assert np.array_equal(one["theta"], backups["theta"])
 
 
 @pytest.mark.slow

@@ -587,3 +587,39 @@ def test_tasks_that_wait_for_each_other_are_let_through_a_gate_that_held_them_ba
             assert time.monotonic() - start < 30
     finally:
         shutdown_manager()  # the barrier's: the suite checks each test leaves no process
+
+
+def slow_in_the_first_worker(x, marker: str, folder: str):
+    """Slow (3 s) in the worker that ran a task first, fast (0.1 s) elsewhere; leaves a file per run."""
+    try:
+        with open(marker, "x") as fh:
+            fh.write(str(os.getpid()))
+    except FileExistsError:
+        pass
+    with open(marker) as fh:
+        slow = fh.read() == str(os.getpid())
+    time.sleep(3.0 if slow else 0.1)
+    open(os.path.join(folder, f"{x}.{os.getpid()}"), "w").close()
+    return x * x
+
+
+@pytest.mark.parametrize("backups", [False, True])
+def test_backup_tasks_keep_a_slow_worker_from_setting_the_pace_of_a_map(tmp_path, backups):
+    """With backup_tasks, the task a slow worker runs at a map's end runs again on an idle worker and
+    the first result is kept: each result is delivered once, the map ends at the fast workers' pace."""
+    marker = str(tmp_path / "slow")
+    with mp.Pool(3, backup_tasks=backups) as pool:
+        pool.map(square, range(6))  # every worker up
+        started = time.monotonic()
+        result = pool.starmap(slow_in_the_first_worker, [(x, marker, str(tmp_path)) for x in range(6)], chunksize=1)
+        took = time.monotonic() - started
+        stats = pool.statistics()
+    assert result == [x * x for x in range(6)]
+    if backups:
+        assert took < 2.5, f"the map took {took:.1f} s"
+        assert stats.tasks_backed_up >= 1 and stats.backups_first >= 1
+    else:
+        assert took >= 3
+        assert stats.tasks_backed_up == 0
+    runs = [name.split(".")[0] for name in os.listdir(tmp_path) if name != "slow"]
+    assert sorted(set(runs)) == sorted(str(x) for x in range(6))

@@ -52,11 +52,11 @@ def batch(reply):
 
 
 class Pool:
-    def __init__(self, size=2, prefetch=2, maxtasks=None, max_crashes=3, gate=None):
+    def __init__(self, size=2, prefetch=2, maxtasks=None, max_crashes=3, gate=None, backups=False):
         self.tasks = TaskEncoder()
         self.wakes = 0
         self.policy = DispatchPolicy(size, prefetch, maxtasks, max_crashes, gate or CpuGate(0), self.tasks.blobs,
-                                     self._wake)
+                                     self._wake, backups)
         self.now = 0.0
         self.f, self.g = self.tasks.function_id(abs), self.tasks.function_id(len)
         self.submission = Tasks()
@@ -164,7 +164,8 @@ def test_each_result_is_delivered_once_and_a_lost_workers_late_results_are_refus
     w1 = pool.connect()[0]
     pool.ask(w1)
     assert pool.results(w1, chunks[1:])[0] == chunks[1:]
-    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, preempted=0, cut_off=0, in_flight=0)
+    assert pool.policy.counts == dict(done=2, failed=0, resubmitted=1, restarts=1, preempted=0, cut_off=0, in_flight=0,
+                                      backups=0, backups_first=0)
 
 
 def test_a_loss_charges_only_the_chunk_the_worker_said_it_started_and_reruns_all_first():
@@ -442,3 +443,49 @@ def test_a_chunk_of_unpicklable_arguments_fails_at_once_and_the_others_go(chunks
     assert error.__notes__ == [f"task {2 if chunksize == 1 else 4} of map(f): its arguments cannot be pickled"]
     assert [(c.start, c.count) for c in chunks] == ([(0, 1), (1, 1), (3, 1), (4, 1)] if chunksize == 1 else [(0, 3)])
     assert len({c.id for c in chunks}) == len(chunks)
+
+
+# --- backup tasks ---------------------------------------------------------------------
+def test_without_backups_a_worker_with_nothing_to_do_waits():
+    pool = Pool(size=2)
+    w0, w1 = pool.connect(2)
+    [chunk] = pool.give(w0)
+    pool.policy.started(w0.stream_id, chunk.id)
+    assert pool.ask(w1) == []
+
+
+def test_a_backup_copy_runs_on_an_idle_worker_and_the_first_result_is_delivered_once():
+    pool = Pool(size=3, backups=True)
+    w0, w1, w2 = pool.connect(3)
+    pool.ask(w0), pool.ask(w1)
+    (first, second), _ = pool.submit(2)
+    pool.policy.started(w1.stream_id, second.id)
+    pool.policy.started(w0.stream_id, first.id)
+    [reply] = pool.ask(w2)
+    assert [c for c, _, _ in batch(reply)[2]] == [first.id]  # the one running longest
+    assert pool.results(w2, [first], ask=True)[0] == [first]
+    assert pool.policy.counts["backups"] == 2  # w2, idle again, took a copy of the other
+    assert pool.results(w1, [second])[0] == [second]
+    assert pool.results(w0, [first])[0] == []  # the original's result, later: dropped
+    assert pool.results(w2, [second])[0] == []
+    counts = pool.policy.counts
+    assert (counts["done"], counts["in_flight"], counts["backups"], counts["backups_first"]) == (2, 0, 2, 1)
+    assert pool.policy.all_done() and pool.policy.working == 0
+
+
+def test_a_lost_copy_is_rerun_only_when_no_copy_is_left():
+    pool = Pool(size=2, backups=True)
+    w0, w1 = pool.connect(2)
+    [chunk] = pool.give(w0)
+    pool.policy.started(w0.stream_id, chunk.id)
+    pool.ask(w1)
+    loss = pool.lose(w0)
+    assert loss.resubmitted == [] and loss.failed == [] and not pool.policy.pending
+    assert chunk.crashes == 0  # its copy runs on: nothing was lost
+    loss = pool.lose(w1)
+    assert loss.resubmitted == [chunk] and list(pool.policy.pending) == [chunk]
+    w2 = pool.connect()[0]
+    pool.ask(w2)
+    assert pool.results(w2, [chunk])[0] == [chunk]
+    counts = pool.policy.counts
+    assert (counts["done"], counts["in_flight"], counts["resubmitted"]) == (1, 0, 1)

@@ -26,7 +26,7 @@ class Pool:
     def __init__(self, processes: int | None = None, initializer=None, initargs=(), maxtasksperchild=None,
                  cluster=None, *, prefetch: int = 2, max_task_crashes: int | None = None,
                  worker_resources: dict | None = None, error_handling: bool | None = None,
-                 retry_exceptions=None, max_task_retries: int = 3):
+                 retry_exceptions=None, max_task_retries: int = 3, backup_tasks: bool = False):
         """``prefetch``: chunks a worker holds at once (the running one
         included); ``max_task_crashes``: how many times a task may be running
         when its worker dies before it fails with WorkerLostError (default 3);
@@ -40,7 +40,13 @@ class Pool:
         where it raised, up to ``max_task_retries`` more times): True (any
         ``Exception``), an exception type or a tuple of them; Fiber's
         explicit ``error_handling=True`` means True, as Fiber's own tests
-        expect (its workers died with a raising task, which then ran again)."""
+        expect (its workers died with a raising task, which then ran again).
+        ``backup_tasks``: once no task waits, a worker that asks for work runs
+        a copy of a chunk another worker still runs (the longest running
+        first; MapReduce's backup tasks, Spark's speculation), and the first
+        result is kept: a slow host then no longer sets the pace of a map's
+        end.  A task may then run twice (its result is delivered once), so
+        it is off by default; a task's side effects must bear it."""
         if cluster is not None:
             raise ValueError(f"Pool(cluster={cluster!r}): Fiber's cluster argument has no meaning in fiberrl; "
                              f"leave it None and pick the backend with configure(backend=...)")
@@ -57,7 +63,7 @@ class Pool:
             raise ValueError("prefetch and max_task_crashes must be at least 1")
         resources = worker_resources if worker_resources is not None else resources_of(initializer)
         self._scheduler = Scheduler(processes, initializer, tuple(initargs),
-                                    maxtasksperchild, prefetch, max_task_crashes, resources)
+                                    maxtasksperchild, prefetch, max_task_crashes, resources, bool(backup_tasks))
         _live_pools.add(self)
         _register_pool_exit_hook()
         # a pool dropped without terminate() takes its workers with it, as in multiprocessing

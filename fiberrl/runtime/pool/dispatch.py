@@ -17,6 +17,11 @@ replies it returns -- (request, status, parts) -- once the lock is released.
   death fails (what a death costs: crashes.py).
 - A worker unheard for ``silence_timeout`` is given up (lifecycle.py): a
   lost worker whose chunks are rerun, none of them charged.
+- With ``backups`` (the pool's ``backup_tasks``: MapReduce's backup tasks,
+  Spark's speculation), a worker that asks for work when none is waiting
+  gets a copy of a chunk another worker holds, the one running longest
+  first, each chunk copied once; the first result is delivered and the
+  other dropped, and a lost copy's chunk is rerun only if no copy is left.
 - A worker told to stop (preemption.py) retires at once: what it holds but
   has not started is rerun first, elsewhere, its successor starts, and
   nothing it gives back then or at its end is charged.
@@ -63,8 +68,9 @@ class DispatchPolicy:
     (a successor to start, input to pull, a gate to watch, a loss to handle)."""
 
     def __init__(self, size: int, prefetch: int, maxtasks: int | None, max_crashes: int, gate: CpuGate,
-                 blobs: dict, wake=_nothing):
+                 blobs: dict, wake=_nothing, backups: bool = False):
         self.target_size = size
+        self.backups = backups
         self.state = RUN  # set by the scheduler
         self.broken: str | None = None  # why the pool cannot go on
         self.gate = gate
@@ -79,7 +85,8 @@ class DispatchPolicy:
         self.working = 0  # workers with chunks in flight
         self.lost: deque[Worker] = deque()
         self.lazy: list[LazyInput] = []
-        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, preempted=0, cut_off=0, in_flight=0)
+        self.counts = dict(done=0, failed=0, resubmitted=0, restarts=0, preempted=0, cut_off=0, in_flight=0,
+                           backups=0, backups_first=0)
 
     # --- workers coming and going --------------------------------------------
     def wants_worker(self) -> bool:
@@ -152,6 +159,7 @@ class DispatchPolicy:
                 self.working -= 1
             else:
                 inflight.append(running)
+            handed = self._uncovered(handed)
             self.pending.extendleft(reversed(handed))
             moved = sum(c.count for c in handed)
             self.counts["in_flight"] -= moved
@@ -182,6 +190,11 @@ class DispatchPolicy:
             self.gate.observe(chunk.func_id, wall, share)
             if not worker.inflight:
                 self.working -= 1
+            if chunk.done:
+                continue  # a copy's result came first (backups)
+            chunk.done = True
+            if chunk.backup is worker:
+                self.counts["backups_first"] += chunk.count
             worker.tasks_done += chunk.count
             self.counts["in_flight"] -= chunk.count
             self.counts["done" if ok else "failed"] += chunk.count
@@ -255,6 +268,8 @@ class DispatchPolicy:
             self.classify(worker)
         if self.gate.holding(held):
             self._wake()  # the manager watches for a stall
+        if self.backups and self.idle and not self.pending and not self.lazy:
+            self._back_up(batches)
         replies = []
         backlog = bytes((bool(self.pending or self.lazy),))  # the worker asks again before it runs out
         for worker, chunks in batches.items():
@@ -262,6 +277,27 @@ class DispatchPolicy:
             self.classify(worker)
             replies.append((request, OK, batch_frames(backlog, chunks, worker.funcs, self._blobs)))
         return replies
+
+    def _back_up(self, batches: dict) -> None:
+        """Idle workers take copies of chunks others hold, those running longest first."""
+        held = [(w.running != c.id, c.id, c) for w in self.workers.values() for c in w.inflight
+                if c.backup is None and not c.done]
+        for _, _, chunk in sorted(held, key=lambda entry: entry[:2]):
+            if not self.idle:
+                return
+            worker = next(iter(self.idle))
+            chunk.backup = worker
+            self.working += 1
+            worker.inflight.append(chunk)
+            self.counts["backups"] += chunk.count
+            batches.setdefault(worker, []).append(chunk)
+            self.classify(worker)
+
+    def _uncovered(self, chunks: list[Chunk]) -> list[Chunk]:
+        """Of the chunks a lost worker held, those to run again: not delivered, and with no copy
+        left on another worker (backups)."""
+        return [c for c in chunks if not c.done and not (c.backup is not None and any(
+            c in w.inflight for w in self.workers.values()))]
 
     def release_stalled(self) -> list:
         """Chunks the gate held back past its patience go now."""
@@ -305,7 +341,8 @@ class DispatchPolicy:
 
     def take_everything(self) -> tuple[list[Chunk], list[LazyInput]]:
         """Every chunk waiting or in flight, and every lazy input, for the caller to fail."""
-        chunks = list(self.pending) + [c for w in self.workers.values() for c in w.inflight]
+        held = {c.id: c for w in self.workers.values() for c in w.inflight if not c.done}  # a copy once
+        chunks = list(self.pending) + list(held.values())
         self.pending.clear()
         lazies, self.lazy = self.lazy, []
         return chunks, lazies
@@ -323,10 +360,11 @@ class DispatchPolicy:
             worker.parked.claim()  # nobody is left to answer
             worker.parked = None
         self.classify(worker)
-        inflight, failed = list(worker.inflight), []
-        if inflight:
+        held, failed = list(worker.inflight), []
+        if held:
             self.working -= 1
         worker.inflight.clear()
+        inflight = self._uncovered(held)
         # told to stop, before it could say so too (a job stopped as it started)
         preempted = worker.preempted or (not worker.asked and told_to_stop(exitcode))
         if preempted:

@@ -64,6 +64,10 @@ class PoolStatistics:
     worker_restarts: int
     workers_preempted: int = 0
     """workers that left when told to (SIGTERM), their work handed to others: not restarts"""
+    tasks_backed_up: int = 0
+    """tasks also given to a second worker as a backup (``backup_tasks``)"""
+    backups_first: int = 0
+    """of those, tasks whose backup's result came first"""
     workers_cut_off: int = 0
     """workers unheard for ``silence_timeout`` (their host partitioned or stalled), given up and
     replaced, their work handed to others: not restarts"""
@@ -71,7 +75,7 @@ class PoolStatistics:
 
 class Scheduler:
     def __init__(self, size: int, initializer, initargs, maxtasksperchild,
-                 prefetch: int, max_task_crashes: int, worker_resources: dict):
+                 prefetch: int, max_task_crashes: int, worker_resources: dict, backup_tasks: bool = False):
         self.lock = threading.Lock()
         self.wake_condition = threading.Condition(self.lock)
         self.tasks = TaskEncoder()
@@ -79,7 +83,7 @@ class Scheduler:
         per_core = get_config().local_cpu_bound_per_core
         gate = CpuGate(max(1, round(per_core * usable_cores())) if local and per_core else 0)
         self.policy = DispatchPolicy(size, prefetch, maxtasksperchild, max_task_crashes, gate, self.tasks.blobs,
-                                     self.wake_condition.notify_all)
+                                     self.wake_condition.notify_all, backup_tasks)
         self._stream_ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}  # the workers' streams by id, until they end
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
@@ -255,4 +259,6 @@ class Scheduler:
                 worker_restarts=policy.counts["restarts"],
                 workers_preempted=policy.counts["preempted"],
                 workers_cut_off=policy.counts["cut_off"],
+                tasks_backed_up=policy.counts["backups"],
+                backups_first=policy.counts["backups_first"],
             )

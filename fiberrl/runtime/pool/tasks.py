@@ -17,11 +17,13 @@ from .results import Submission, with_remote_traceback
 
 class Chunk:
     """``count`` consecutive tasks of a submission, from its task ``start``, pickled together."""
-    __slots__ = ("id", "submission", "start", "count", "func_id", "star", "args", "crashes")
+    __slots__ = ("id", "submission", "start", "count", "func_id", "star", "args", "crashes", "backup", "done")
 
     def __init__(self, chunk_id, submission, start, count, func_id, star, args):
         self.id, self.submission, self.start, self.count = chunk_id, submission, start, count
         self.func_id, self.star, self.args, self.crashes = func_id, star, args, 0
+        self.backup = None  # the worker running a backup copy of it (the pool's backup_tasks), if any
+        self.done = False  # its result was delivered: a copy's result that comes after is dropped
 
     def name(self) -> str:
         tasks = f"task {self.start}" if self.count == 1 else f"tasks {self.start}..{self.start + self.count - 1}"
