@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import clean_up_as_at_exit, wait_until
 from docker.errors import NotFound
 from docker.types import IPAMConfig, IPAMPool
 from helpers.pool_workers import worker_running_a_chunk
@@ -36,9 +36,14 @@ NETWORK = f"fiberrl-test-faults-{os.getpid()}"
 def hosts(api):
     """A network of the containers' own, where a healed host gets its address back (the default
     bridge may hand it another, which no partition does)."""
+    for stale in api.networks(names=["fiberrl-test-faults-"]):  # left by a run that was killed
+        if not api.inspect_network(stale["Id"]).get("Containers"):
+            api.remove_network(stale["Id"])
     pool = IPAMPool(subnet="172.29.0.0/16", gateway="172.29.0.1")
     api.create_network(NETWORK, driver="bridge", ipam=IPAMConfig(pool_configs=[pool]))
     yield
+    clean_up_as_at_exit("docker")  # the network goes once no container is on it
+    wait_until(lambda: not api.inspect_network(NETWORK).get("Containers"), 30, 0.2)
     api.remove_network(NETWORK)
 
 

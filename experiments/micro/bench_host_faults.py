@@ -158,9 +158,10 @@ def one_map(pool, args, folder: str, fault: str | None) -> dict:
         told = time.monotonic()
         inject(fault, victim, args.hosts)
         workers = pool._scheduler.policy.workers
-        while not (victim.retiring or victim.cut_off or victim.id not in workers or done.is_set()):
+        # getattr: the bench also measures the commit before cut-off workers were given up
+        while not (victim.retiring or getattr(victim, "cut_off", False) or victim.id not in workers or done.is_set()):
             time.sleep(0.005)
-        if victim.retiring or victim.cut_off or victim.id not in workers:  # else never given up
+        if victim.retiring or getattr(victim, "cut_off", False) or victim.id not in workers:  # else never given up
             figures["heard_s"] = time.monotonic() - told
             while victim.id in workers:
                 time.sleep(0.01)

@@ -159,9 +159,9 @@ class WorkerLifecycle:
         """A worker cut off (its host partitioned or stalled) is lost: its stream ended here, so that
         nothing it sends after is read, its work rerun elsewhere uncharged, its job killed and its
         link ended, so that it cannot come back once its host does."""
-        log.warning("pool worker %s (pid %s) has not been heard for over %.0f s (silence_timeout): its host "
+        log.warning("pool worker %s (job %s) has not been heard for over %.0f s (silence_timeout): its host "
                     "is cut off or stalled; giving it up and rerunning its tasks elsewhere",
-                    worker.process.name, worker.process.pid, self._silence_timeout)
+                    worker.process.name, worker.process.job_id, self._silence_timeout)
         self._scheduler.hang_up(worker.stream_id)
         try:
             worker.process.cut_off()
