@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 
 from .run import RunDirectory, require
-from .runtime.config import get_config
 from .runtime.processes import stop_signal
 
 # what a checkpoint holds of the loop itself, beside the algorithm's state
@@ -42,10 +41,6 @@ class RunPreempted(SystemExit):
 
     def __init__(self):
         super().__init__(stop_signal.PREEMPTED_EXIT)
-
-
-def _exit_after_grace() -> None:
-    stop_signal.exit_after(get_config().preempt_grace)
 
 
 class TrainingLoop:
@@ -77,7 +72,7 @@ class TrainingLoop:
         return checkpoint
 
     def __iter__(self):
-        stop_signal.watch(_exit_after_grace)
+        stop_signal.watch(stop_signal.exit_after_grace)
         self._began = time.perf_counter() - self._elapsed
         self._session_start, self._session_steps = time.perf_counter(), self.timesteps
         if self._until_reached() and self.start < self.iterations:

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import clean_up_as_at_exit, wait_until
 from docker.errors import NotFound
-from docker.types import IPAMConfig, IPAMPool
+from helpers import host_faults
 from helpers.pool_workers import worker_running_a_chunk
 
 import fiberrl.runtime as mp
@@ -34,13 +34,11 @@ NETWORK = f"fiberrl-test-faults-{os.getpid()}"
 
 @pytest.fixture(scope="module")
 def hosts(api):
-    """A network of the containers' own, where a healed host gets its address back (the default
-    bridge may hand it another, which no partition does)."""
+    """A network of the containers' own (host_faults.make_network)."""
     for stale in api.networks(names=["fiberrl-test-faults-"]):  # left by a run that was killed
         if not api.inspect_network(stale["Id"]).get("Containers"):
             api.remove_network(stale["Id"])
-    pool = IPAMPool(subnet="172.29.0.0/16", gateway="172.29.0.1")
-    api.create_network(NETWORK, driver="bridge", ipam=IPAMConfig(pool_configs=[pool]))
+    host_faults.make_network(api, NETWORK, "172.29.0.0/16", "172.29.0.1")
     yield
     clean_up_as_at_exit("docker")  # the network goes once no container is on it
     wait_until(lambda: not api.inspect_network(NETWORK).get("Containers"), 30, 0.2)
@@ -55,23 +53,11 @@ def config(docker_config, hosts):
 
 
 def cut(api, container: str, fault: str) -> str | None:
-    """Cut ``container`` off; its address, to heal it with."""
-    if fault == "pause":
-        api.pause(container)
-        return None
-    address = api.inspect_container(container)["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
-    api.disconnect_container_from_network(container, NETWORK)
-    return address
+    return host_faults.cut(api, container, fault, NETWORK)
 
 
 def heal(api, container: str, fault: str, address: str | None) -> None:
-    try:
-        if fault == "pause":
-            api.unpause(container)
-        else:
-            api.connect_container_to_network(container, NETWORK, ipv4_address=address)
-    except NotFound:
-        pass  # given up and killed: nothing to heal
+    host_faults.heal(api, container, fault, NETWORK, address)
 
 
 def running(api, container: str) -> bool:

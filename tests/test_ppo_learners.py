@@ -118,6 +118,15 @@ RUN = ["env=pendulum", "env.engine=gymnasium", "workers=2", "algo.learners=2", "
        "algo.norm_reward=true", "algo.ent_coef=0", "algo.num_minibatches=4", "seed=5"]
 
 
+def signal_learner_1(at_update: int, signum: int, sent: list):
+    """A run's callback that sends learner 1 ``signum`` once, as update ``at_update`` ends; its pid goes to ``sent``."""
+    def send(update, ring):
+        if update == at_update and not sent:
+            sent.append(ring.pids()[1])
+            os.kill(sent[0], signum)
+    return send
+
+
 @pytest.mark.slow
 def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(tmp_path, capsys):
     whole = _train(tmp_path, "whole", RUN)
@@ -131,13 +140,8 @@ def test_two_learners_resume_exactly_and_go_on_through_a_learner_killed_mid_run(
 
     # learner 1 killed after update 4: the Ring starts again from the checkpoint after update 3
     killed = []
-
-    def kill_learner_1(update, ring):
-        if update == 4 and not killed:
-            killed.append(ring.pids()[1])
-            os.kill(killed[0], signal.SIGKILL)
     capsys.readouterr()
-    survived = _train(tmp_path, "killed", RUN, on_iteration=kill_learner_1)
+    survived = _train(tmp_path, "killed", RUN, on_iteration=signal_learner_1(4, signal.SIGKILL, killed))
     out = capsys.readouterr().out
     assert killed
     assert "Ring member rank 1 exited with code -9 (killed by SIGKILL)" in out
@@ -152,13 +156,9 @@ def test_a_learner_told_to_stop_costs_nothing_and_no_restart(tmp_path, capsys):
     starts the Ring again from there, with algo.ring_restarts=0, and ends as the run never told."""
     whole = _train(tmp_path, "whole", RUN)
     told = []
-
-    def tell_learner_1(update, ring):
-        if update == 2 and not told:
-            told.append(ring.pids()[1])
-            os.kill(told[0], signal.SIGTERM)
     capsys.readouterr()
-    moved = _train(tmp_path, "told", [*RUN, "algo.ring_restarts=0"], on_iteration=tell_learner_1)
+    moved = _train(tmp_path, "told", [*RUN, "algo.ring_restarts=0"],
+                   on_iteration=signal_learner_1(2, signal.SIGTERM, told))
     out = capsys.readouterr().out
     assert told
     assert "1 learner(s) were told to stop (SIGTERM) during update 4: checkpointed after it; starting the Ring " \

@@ -39,7 +39,6 @@ import torch.distributed as dist
 
 from fiberrl.runtime import Queue, Ring, RingError, meta
 from fiberrl.runtime.backends import resolve_name
-from fiberrl.runtime.config import get_config
 from fiberrl.runtime.processes import stop_signal
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import UsageError
@@ -218,7 +217,7 @@ def _member(cfg, learn, saved, start: int, timesteps: int, reports, commands, ra
 def _tell_the_ring(store) -> None:
     """This member was told to stop: rank 0 tells the run at the end of the update (MemberLoop.end)."""
     store.add(_TOLD_KEY, 1)
-    stop_signal.exit_after(get_config().preempt_grace)
+    stop_signal.exit_after_grace()
 
 
 class MemberLoop:

@@ -76,33 +76,21 @@ NETWORK = "fiberrl-bench-host-faults"
 
 def bench_network(api) -> str:
     """A Docker network of the bench's own: on the default bridge a healed container may get another address."""
-    from docker.types import IPAMConfig, IPAMPool
+    from helpers import host_faults
     if not api.networks(names=[NETWORK]):
-        api.create_network(NETWORK, driver="bridge",
-                           ipam=IPAMConfig(pool_configs=[IPAMPool(subnet="172.30.0.0/16", gateway="172.30.0.1")]))
+        host_faults.make_network(api, NETWORK, "172.30.0.0/16", "172.30.0.1")
     return NETWORK
 
 
 def cut_off(worker, seconds: float, how: str) -> None:
-    """Cut the worker's container off (``partition``) or stall it (``pause``) for ``seconds``, on a thread."""
-    from docker.errors import APIError
-    from helpers import docker_backend
+    """Cut the worker's container off (``partition``) or stall it (``pause``) for ``seconds``, healed on a thread."""
+    from helpers import docker_backend, host_faults
     api, container = docker_backend._client(), worker.process._job.handle.id
-    if how == "pause":
-        api.pause(container)
-    else:
-        address = api.inspect_container(container)["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
-        api.disconnect_container_from_network(container, NETWORK)
+    address = host_faults.cut(api, container, how, NETWORK)
 
     def heal():
         time.sleep(seconds)
-        try:
-            if how == "pause":
-                api.unpause(container)
-            else:
-                api.connect_container_to_network(container, NETWORK, ipv4_address=address)
-        except APIError:
-            pass  # given up and killed meanwhile: nothing to heal
+        host_faults.heal(api, container, how, NETWORK, address)
     threading.Thread(target=heal, daemon=True).start()
 
 

@@ -60,7 +60,6 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from ..runtime.config import get_config
 from ..runtime.managers import AsyncManager, ManagerError
 from ..runtime.processes import stop_signal
 from . import atari
@@ -145,11 +144,7 @@ class Step:
 def _stop_when_told() -> None:
     """An env server's first act: SIGTERM marks its replies (``leaving``) and ends it
     ``preempt_grace`` seconds later."""
-    stop_signal.watch(_leave_after_grace)
-
-
-def _leave_after_grace() -> None:
-    stop_signal.exit_after(get_config().preempt_grace)
+    stop_signal.watch(stop_signal.exit_after_grace)
 
 
 class EnvServer:

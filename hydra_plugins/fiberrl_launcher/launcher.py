@@ -66,6 +66,11 @@ class Run:
     why: str = ""                   # a failed run's reason, in one line
     resumed: bool = False           # whether its latest start went on from its checkpoint
 
+    @property
+    def tries(self) -> int:
+        """Starts that count against the retries: those not ended by being told to stop."""
+        return self.attempts - self.preempted
+
 
 class FiberrlLauncher(Launcher):
     def __init__(self, runs_at_once: Optional[int] = None, backend: Optional[str] = None,
@@ -406,13 +411,13 @@ class FiberrlLauncher(Launcher):
             run.state = "retrying"
             return
         run.why = f"its job died ({_exit_text(code)}); its output: {run.folder / OUTPUT_LOG}"
-        if run.attempts - run.preempted <= self.retries:
+        if run.tries <= self.retries:
             log.warning(f"#{run.num}: {run.why}; starting it again"
                         + (" from its checkpoint" if self.resume_key else ""))
             run.state = "retrying"
             return
         run.state = "failed"
-        run.why = f"{run.why} ({run.attempts - run.preempted} tries)"
+        run.why = f"{run.why} ({run.tries} tries)"
         run.result = JobReturn(overrides=run.overrides, cfg=run.config, hydra_cfg=run.config,
                                working_dir=str(run.folder), status=JobStatus.FAILED,
                                _return_value=RunLost(f"job #{run.num}: {run.why}"))

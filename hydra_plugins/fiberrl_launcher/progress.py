@@ -80,8 +80,7 @@ class SweepTable:
             tail = self.tails.setdefault(run.num, MetricsTail(run.folder / "metrics.jsonl"))
             rows.append({"job": run.num, "overrides": run.label,
                          "state": run.state + (" (resumed)" if run.resumed and run.state == "running" else ""),
-                         "tries": run.attempts - run.preempted, **tail.read(), "folder": str(run.folder),
-                         "why": run.why})
+                         "tries": run.tries, **tail.read(), "folder": str(run.folder), "why": run.why})
         return rows
 
     def changed(self, run) -> None:

@@ -13,6 +13,8 @@ import os
 import signal
 import threading
 
+from ..config import get_config
+
 # what a process that left when told to stop exits with: 128 + SIGTERM, as a shell reports it
 PREEMPTED_EXIT = 128 + signal.SIGTERM
 
@@ -59,6 +61,11 @@ def exit_after(seconds: float) -> None:
     """End this process, as one told to stop, ``seconds`` from now (a callback's last act)."""
     threading.Event().wait(seconds)
     os._exit(PREEMPTED_EXIT)
+
+
+def exit_after_grace() -> None:
+    """End this process, as one told to stop, once its ``preempt_grace`` has passed (a callback's last act)."""
+    exit_after(get_config().preempt_grace)
 
 
 def _python_handler(_signum, _frame) -> None:

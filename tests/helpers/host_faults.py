@@ -1,0 +1,30 @@
+"""A Docker container standing in for a host, cut off from its network or stalled, then healed:
+for the host-fault tests and bench_host_faults.py."""
+from docker.errors import NotFound
+from docker.types import IPAMConfig, IPAMPool
+
+
+def make_network(api, name: str, subnet: str, gateway: str) -> None:
+    """A network of its own, where a healed container gets its address back (on the default bridge
+    it may get another, which no partition does)."""
+    api.create_network(name, driver="bridge", ipam=IPAMConfig(pool_configs=[IPAMPool(subnet=subnet, gateway=gateway)]))
+
+
+def cut(api, container: str, how: str, network: str) -> str | None:
+    """Cut ``container`` off ``network`` (``partition``) or stall it (``pause``); its address, to heal it with."""
+    if how == "pause":
+        api.pause(container)
+        return None
+    address = api.inspect_container(container)["NetworkSettings"]["Networks"][network]["IPAddress"]
+    api.disconnect_container_from_network(container, network)
+    return address
+
+
+def heal(api, container: str, how: str, network: str, address: str | None) -> None:
+    try:
+        if how == "pause":
+            api.unpause(container)
+        else:
+            api.connect_container_to_network(container, network, ipv4_address=address)
+    except NotFound:
+        pass  # given up and killed meanwhile: nothing to heal
