@@ -343,6 +343,49 @@ def test_scancel_signal_term_of_a_pool_worker_loses_and_charges_nothing():
         pool.terminate()
 
 
+def test_a_worker_whose_job_slurm_suspends_past_the_deadline_is_given_up_and_its_tasks_rerun():
+    """``scontrol suspend`` (the job's processes stopped: a stalled host) of a worker's job mid-map for
+    longer than ``silence_timeout``: it is given up, its chunks rerun elsewhere uncharged, its job
+    cancelled (a suspended job too), and it is replaced."""
+    mp.configure(silence_timeout=4)
+    pool = mp.Pool(2, max_task_crashes=1)
+    try:
+        result = pool.map_async(slow_square, range(10), chunksize=1)
+        job = worker_running_a_chunk(pool)._job.id
+        subprocess.run(["scontrol", "suspend", job], check=True, capture_output=True)
+        try:
+            assert wait_until(lambda: pool.statistics().workers_cut_off == 1, 30)
+            assert result.get(60) == [x * x for x in range(10)]
+        finally:
+            subprocess.run(["scontrol", "resume", job], capture_output=True)  # gone by now, unless that failed
+        stats = pool.statistics()
+        assert (stats.workers_cut_off, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
+        assert wait_until(lambda: queued(job) is None, 30), queued(job)
+        assert pool.map(square, range(6)) == [x * x for x in range(6)]
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+def test_slurm_cannot_requeue_a_job_so_no_process_runs_twice():
+    """A process starts once: its job is submitted ``--no-requeue``, so ``scontrol requeue`` (and a
+    preemption in REQUEUE mode, which cancels such a job instead) cannot start it a second time
+    beside the successor its parent started."""
+    pool = mp.Pool(1)
+    try:
+        result = pool.map_async(slow_square, range(3), chunksize=1)
+        job = worker_running_a_chunk(pool)._job.id
+        refused = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        assert refused.returncode != 0 and "disabled" in refused.stderr, refused.stderr
+        assert result.get(60) == [0, 1, 4]
+        assert pool.statistics().worker_restarts == 0
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
 def test_listen_host_is_an_address_jobs_reach():
     host = get_backend("slurm").listen_host()
     ipaddress.ip_address(host)

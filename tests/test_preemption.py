@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from conftest import pid_alive, wait_until
+from helpers.env_steps import same_steps, steps_of
 from helpers.pool_workers import worker_running_a_chunk, workers_taking_work
 
 import fiberrl.runtime as mp
@@ -157,18 +158,6 @@ def test_a_storm_of_preemptions_runs_every_task_exactly_once(tmp_path, grace):
     assert len(told) >= 5 and stats.worker_restarts == 0 and stats.tasks_failed == 0
 
 
-def steps_of(envs, actions, on_step=None) -> list:
-    envs.reset()
-    out = []
-    for t, a in enumerate(actions):
-        if on_step is not None:
-            on_step(t, envs)
-        step = envs.step(a)
-        out.append((step.obs.copy(), step.reward.copy(), step.terminated.copy(), step.truncated.copy(),
-                    sorted(step.final_obs), [tuple(e) for e in step.episodes]))
-    return out
-
-
 @pytest.mark.parametrize("when", ["mid_step", "between_steps"])
 def test_an_env_server_told_to_stop_hands_its_envs_over_and_loses_no_step(grace, when):
     """CartPole on 2 servers of 2 envs: server 0 told to stop as a step is sent to it, or while the
@@ -207,8 +196,7 @@ def test_an_env_server_told_to_stop_hands_its_envs_over_and_loses_no_step(grace,
         envs.close()
     assert handovers == 1 and restarts == 0 and pid_now != told[0]
     expected = uninterrupted()
-    for t, (got, want) in enumerate(zip(stepped, expected, strict=True)):
-        assert all(np.array_equal(a, b) for a, b in zip(got[:4], want[:4])) and got[4:] == want[4:], f"step {t}"
+    same_steps(stepped, expected)
     assert any(e for step in stepped[50:] for e in step[5])  # episodes ended after the hand-over too
 
 

@@ -82,10 +82,10 @@ def bench_network(api) -> str:
     return NETWORK
 
 
-def cut_off(worker, seconds: float, how: str) -> None:
-    """Cut the worker's container off (``partition``) or stall it (``pause``) for ``seconds``, healed on a thread."""
+def cut_off(container: str, seconds: float, how: str) -> None:
+    """Cut ``container`` off (``partition``) or stall it (``pause``) for ``seconds``, healed on a thread."""
     from helpers import docker_backend, host_faults
-    api, container = docker_backend._client(), worker.process._job.handle.id
+    api = docker_backend._client()
     address = host_faults.cut(api, container, how, NETWORK)
 
     def heal():
@@ -94,22 +94,23 @@ def cut_off(worker, seconds: float, how: str) -> None:
     threading.Thread(target=heal, daemon=True).start()
 
 
-def preempt(worker, hosts: str) -> None:
+def preempt(process, hosts: str) -> None:
     if hosts == "docker":
         from helpers import docker_backend
         # returns once the container has stopped: on a thread of its own
-        threading.Thread(target=docker_backend._client().stop, args=(worker.process._job.handle.id,),
+        threading.Thread(target=docker_backend._client().stop, args=(process._job.handle.id,),
                          kwargs={"timeout": 30}, daemon=True).start()
     else:
-        os.kill(worker.process.pid, signal.SIGTERM)
+        os.kill(process.pid, signal.SIGTERM)
 
 
-def inject(fault: str, worker, hosts: str) -> None:
+def inject(fault: str, process, hosts: str) -> None:
+    """``fault`` on the host of ``process`` (a job-backed Process)."""
     kind, _, seconds = fault.partition(":")
     if kind == "preempt":
-        preempt(worker, hosts)
+        preempt(process, hosts)
     else:
-        cut_off(worker, float(seconds), kind)
+        cut_off(process._job.handle.id, float(seconds), kind)
 
 
 def fault_name(text: str) -> str:
@@ -144,7 +145,7 @@ def one_map(pool, args, folder: str, fault: str | None) -> dict:
         while (victim := a_running_worker(pool)) is None:
             time.sleep(0.01)
         told = time.monotonic()
-        inject(fault, victim, args.hosts)
+        inject(fault, victim.process, args.hosts)
         workers = pool._scheduler.policy.workers
         # getattr: the bench also measures the commit before cut-off workers were given up
         while not (victim.retiring or getattr(victim, "cut_off", False) or victim.id not in workers or done.is_set()):

@@ -43,6 +43,14 @@ EnvPool's envs, which cannot be rebuilt, end their episodes there as
 truncated and start new ones).  A server told to stop while the learner
 updates, and gone before the next step, is a crash.
 
+A lost host: a server whose job goes unheard past ``silence_timeout`` (its
+host cut off or stalled; off the local backend) while it holds a step is
+given up (``Process.cut_off``: it cannot come back beside its successor), and
+a new server rebuilds its envs as they were before that step, from their
+histories, and takes the step again: the step comes back as the lost server
+would have answered it, nothing cut short (EnvPool's envs, which cannot be
+rebuilt, go the crash path below).
+
 Crashes: a server that dies (or does not answer within ``timeout``) is
 replaced by a fresh one; its envs start new episodes with new seeds (the
 slot's generation goes up), the episodes they were in are reported as
@@ -69,10 +77,16 @@ log = logging.getLogger("fiberrl")
 
 # attempts at starting a replacement server before the run gives up
 RESTART_ATTEMPTS = 3
+# how often a step that has not come back looks whether its server is still heard
+UNHEARD_CHECK = 1.0
 
 
 class EnvServerError(RuntimeError):
     """An env server could not be started or replaced."""
+
+
+class ServerUnheard(TimeoutError):
+    """An env server's job went unheard past ``silence_timeout`` while it held a step."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +319,7 @@ class RemoteEnvs:
         self.num_envs = servers * envs_per_server
         self.restarts = 0
         self.handovers = 0  # servers told to stop whose envs moved to new ones
+        self.rebuilds = 0  # servers unheard mid-step whose envs were rebuilt elsewhere, the step taken again
         self.generations = list(generations) if generations is not None else [0] * servers
         if history is not None and len(history) != self.num_envs:
             raise ValueError(f"a history of {len(history)} envs cannot rebuild {self.num_envs}")
@@ -387,7 +402,12 @@ class RemoteEnvs:
         try:
             if isinstance(handle, ManagerError):
                 raise handle
-            part = handle.get(self.timeout)
+            try:
+                part = self._await(k, handle)
+            except ServerUnheard as exc:
+                if not self.replayable:
+                    raise
+                part = self._step_again(k, exc)
             if self.replayable:
                 self._record(k, part)
         except (ManagerError, TimeoutError) as exc:
@@ -399,6 +419,19 @@ class RemoteEnvs:
         return Step(part.obs, part.reward, part.terminated, part.truncated,
                     {base + i: o for i, o in part.final_obs.items()},
                     [e._replace(env=base + e.env) for e in part.episodes])
+
+    def _await(self, k: int, handle) -> ServerStep:
+        """``handle``'s answer from server ``k``; TimeoutError after ``timeout``, ServerUnheard
+        as soon as the server's job has gone unheard past ``silence_timeout`` (an answer that may
+        never come)."""
+        deadline = time.monotonic() + self.timeout
+        while not handle.wait(max(0.0, min(UNHEARD_CHECK, deadline - time.monotonic()))):
+            if self.managers[k].unheard():
+                raise ServerUnheard("its job has not been heard for over silence_timeout: its host is cut off "
+                                    "or stalled")
+            if time.monotonic() >= deadline:
+                break
+        return handle.get(0.0)
 
     def history(self) -> list[SlotHistory] | None:
         """Each slot's ``SlotHistory``; None for EnvPool, which cannot replay one (a resume starts its
@@ -437,6 +470,28 @@ class RemoteEnvs:
         final = {i: last[i].copy() for i in range(n)}
         return ServerStep(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), final, [], {})
 
+    def _step_again(self, k: int, cause: ServerUnheard) -> ServerStep:
+        """Server ``k`` went unheard holding a step: it is given up, a new server rebuilds its envs
+        as they were before that step (their histories without its actions) and takes the step again,
+        so that it comes back as the lost server would have answered it.  An env not rebuilt as it
+        was (not a function of its seed and actions) cannot be: then the crash path."""
+        self.rebuilds += 1
+        slots = self.slots(k)
+        log.warning("env server %d (envs %d-%d) was lost: %s; a new server rebuilds its envs and takes the step "
+                    "again", k, slots[0], slots[-1], cause)
+        actions = np.stack([self._actions[slot].pop() for slot in slots])
+        history = self.history()[slots.start:slots.stop]
+        obs, ended = self._new_server(k, lambda server: server.replay(history), cut_off=True)
+        if ended or not np.array_equal(obs, self._obs[slots.start:slots.stop]):
+            for slot, action in zip(slots, actions, strict=True):  # as sent, for the crash path to drop
+                self._actions[slot].append(action)
+            raise ManagerError(f"env server {k}'s envs were not rebuilt as they were")
+        self.send(k, actions)
+        handle, self._pending[k] = self._pending[k], None
+        if isinstance(handle, ManagerError):
+            raise handle
+        return self._await(k, handle)
+
     def _hand_over(self, k: int, part: ServerStep) -> ServerStep:
         """Server ``k`` answered ``part`` saying it was told to stop: a new server takes its envs
         over where they are, rebuilt from their histories.  An env the new server does not rebuild
@@ -466,11 +521,12 @@ class RemoteEnvs:
                 truncated[i], final[i] = True, part.obs[i].copy()
         return part._replace(obs=obs, truncated=truncated, final_obs=final, leaving=False)
 
-    def _new_server(self, k: int, first):
-        """Server ``k`` restarted, and what ``first(server)`` returns from it (a call's result)."""
+    def _new_server(self, k: int, first, cut_off: bool = False):
+        """Server ``k`` restarted (``cut_off``: the old one given up for lost, not asked to stop), and
+        what ``first(server)`` returns from it (a call's result)."""
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             try:
-                self.managers[k].restart()
+                self.managers[k].restart(cut_off=cut_off and attempt == 1)
                 self.servers[k] = self.managers[k].EnvServer(self.spec, self.seed, self.seed_slots(k),
                                                            self.generations[k])
                 return first(self.servers[k]).get(self.timeout)

@@ -54,10 +54,12 @@ class CommonSettings:
     silence_timeout: float = 10.0
     """A job on another host (any backend but local) that has not been heard for this
     long (its heartbeat comes every ``heartbeat_interval``) is counted cut off: its
-    host partitioned or stalled.  A pool hands its work to other workers, kills its
-    job through the backend and starts its successor; the job, once it can hear,
-    finds itself given up and exits, so it is replaced, never back as well.  A
-    shorter stall costs only its time.  0: wait for ever."""
+    host partitioned or stalled.  Its job is killed through the backend, and the
+    job, once it can hear, finds itself given up and exits, so it is replaced, never
+    back as well: a pool hands its work to other workers and starts its successor,
+    RemoteEnvs rebuilds its envs on a new env server and takes their step again, a
+    Ring raises RingError naming it, the sweep launcher starts its run again from
+    its checkpoint.  A shorter stall costs only its time.  0: wait for ever."""
     preempt_grace: float = 20.0
     """Seconds a process told to stop (SIGTERM: a preempted node, a deleted pod,
     ``docker stop``) has to leave cleanly: a pool worker to finish the chunk it runs

@@ -5,7 +5,9 @@ Runs go at the same time (``runs_at_once``). A run that raises is that run's FAI
 whose job dies (SIGKILL, OOM, a lost node) is started again up to ``retries`` times, from its own
 checkpoint when the app has one (``resume_key``), and the sweep goes on either way; one whose job
 was told to stop (SIGTERM: a preempted node, a deleted pod; it checkpoints and exits with 143) is
-started again from its checkpoint without counting as a try. Run again on
+started again from its checkpoint without counting as a try, as is one whose job goes unheard past
+``silence_timeout`` (its host cut off or stalled: given up, so that it cannot come back beside its
+successor). Run again on
 the same ``hydra.sweep.dir``, a sweep keeps its job numbers and folders, takes the finished runs'
 results as they were and resumes the others. Every run's config is composed and checked before any
 run starts.
@@ -61,6 +63,8 @@ class Run:
     state: str = "queued"           # queued, running, retrying, done, failed
     attempts: int = 0               # times its job was started
     preempted: int = 0              # of which it was told to stop (SIGTERM): not counted as tries
+    cut_off: int = 0                # of which its host was cut off or stalled: not counted either
+    unheard: bool = False           # whether its latest start was given up for going unheard
     process: Any = None
     result: Optional[JobReturn] = None
     why: str = ""                   # a failed run's reason, in one line
@@ -68,8 +72,8 @@ class Run:
 
     @property
     def tries(self) -> int:
-        """Starts that count against the retries: those not ended by being told to stop."""
-        return self.attempts - self.preempted
+        """Starts that count against the retries: those not ended by its host (told to stop, cut off)."""
+        return self.attempts - self.preempted - self.cut_off
 
 
 class FiberrlLauncher(Launcher):
@@ -192,6 +196,9 @@ class FiberrlLauncher(Launcher):
             ended = []
             if self._running:
                 wait([run.process.sentinel for run in self._running], timeout=timeout)
+            for run in self._running:
+                if not run.unheard and run.process.exitcode is None and run.process.unheard():
+                    self._give_up(run)
             for run in [run for run in self._running if run.process.exitcode is not None]:
                 self._running.remove(run)
                 self._ended(run)
@@ -388,6 +395,17 @@ class FiberrlLauncher(Launcher):
         host = docker_host()
         return {"volumes": {host[len("unix://"):]: DOCKER_SOCKET}} if host.startswith("unix://") else {}
 
+    def _give_up(self, run: Run) -> None:
+        """A run's job unheard past ``silence_timeout``: its host is cut off or stalled. It is killed
+        and its link ended (``Process.cut_off``), so that it ends itself if its host comes back."""
+        run.unheard = True
+        log.warning(f"#{run.num}: its job has not been heard for over silence_timeout: its host is cut off or "
+                    f"stalled; giving it up")
+        try:
+            run.process.cut_off()
+        except Exception as exc:  # the backend cannot reach it either: its lifeline ends it
+            log.warning(f"#{run.num}: could not kill its job: {exc}")
+
     def _ended(self, run: Run) -> None:
         result = _read_return(run.folder / RETURN_FILE, run.fingerprint)
         code = run.process.exitcode
@@ -401,6 +419,14 @@ class FiberrlLauncher(Launcher):
             if run.state == "failed":
                 error = result._return_value
                 run.why = f"{type(error).__name__}: {error}".splitlines()[0]
+            return
+        if run.unheard:
+            run.unheard = False
+            run.cut_off += 1
+            run.why = f"its job went unheard (its host cut off or stalled), {run.cut_off} time(s)"
+            log.warning(f"#{run.num}: {run.why}; starting it again"
+                        + (" from its checkpoint" if self.resume_key else "") + " (not counted as a try)")
+            run.state = "retrying"
             return
         if told_to_stop(code):
             # its host taken back (a preempted node, a deleted pod): no fault of the run's

@@ -1,6 +1,6 @@
 """A Docker container standing in for a host, cut off from its network or stalled, then healed:
 for the host-fault tests and bench_host_faults.py."""
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
 
@@ -28,3 +28,14 @@ def heal(api, container: str, how: str, network: str, address: str | None) -> No
             api.connect_container_to_network(container, network, ipv4_address=address)
     except NotFound:
         pass  # given up and killed meanwhile: nothing to heal
+    except APIError:
+        if running(api, container):
+            raise
+        # being killed as it is healed: nothing to heal
+
+
+def running(api, container: str) -> bool:
+    try:
+        return api.inspect_container(container)["State"]["Running"]
+    except NotFound:
+        return False

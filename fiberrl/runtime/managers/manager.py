@@ -119,6 +119,11 @@ class BaseManager:
     def is_alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
 
+    def unheard(self) -> bool:
+        """Whether its server's job has gone unheard past ``silence_timeout`` (``Process.unheard``):
+        its host cut off or stalled, so that calls to it may never be answered."""
+        return self._process is not None and self._process.unheard()
+
     def _number_of_objects(self) -> int:
         """How many objects the server holds (for tests and debugging)."""
         return self._ref.request(M_COUNT, 0)
@@ -232,13 +237,22 @@ class AsyncManager(BaseManager):
     _async = True
     batch_scheduling = True
 
-    def restart(self) -> None:
-        """Replace the server process (killing it if it still runs) with a new, empty one."""
+    def restart(self, cut_off: bool = False) -> None:
+        """Replace the server process (killing it if it still runs) with a new, empty one.
+        ``cut_off``: the old one is given up for lost (``Process.cut_off``), not asked to stop:
+        its host is cut off or stalled, and it must not come back beside the new one."""
         if self._process is None:
             raise ValueError(f"{self._name} was never started")
         if self._finalizer is not None:
             self._finalizer.detach()
-        _stop_server(self._process, self._ref)
+        if not cut_off:
+            _stop_server(self._process, self._ref)
+        elif self._process.exitcode is None:  # nothing to ask it: it would not hear
+            try:
+                self._process.cut_off()
+            except Exception as exc:  # noqa: BLE001 -- the backend cannot reach it either: its lifeline ends it
+                log.warning("could not kill the job of cut-off manager %s: %s", self._name, exc)
+            self._process.join(SHUTDOWN_GRACE)
         self._process = None
         self._launch()
 

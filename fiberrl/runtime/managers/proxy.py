@@ -176,9 +176,14 @@ class Handle:
 
     def ready(self) -> bool:
         """Whether the result has arrived (never blocks)."""
+        return self.wait(0.0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the result has arrived within ``timeout`` s; unlike ``get``, a call still
+        unanswered stays awaited (``get`` or ``wait`` it again)."""
         if self._outcome is None:
             try:
-                self._collect(0.0)
+                self._collect(timeout, abandon=False)
             except TimeoutError:
                 return False
         return True
@@ -195,9 +200,9 @@ class Handle:
             return value
         raise value
 
-    def _collect(self, timeout: float | None) -> None:
+    def _collect(self, timeout: float | None, abandon: bool = True) -> None:
         try:
-            payload = self._conn.reply(self._call_id, timeout)
+            payload = self._conn.reply(self._call_id, timeout, abandon)
         except LinkError as exc:
             self._outcome = (False, self._ref.gone(exc))
             return

@@ -50,8 +50,9 @@ class CallStream:
             raise
         return call_id
 
-    def reply(self, call_id: int, timeout: float | None = None) -> memoryview:
-        """The reply to ``call_id``; TimeoutError if it has not come within ``timeout`` s."""
+    def reply(self, call_id: int, timeout: float | None = None, abandon: bool = True) -> memoryview:
+        """The reply to ``call_id``; TimeoutError if it has not come within ``timeout`` s, after
+        which its reply is dropped when it comes unless ``abandon`` is false (the caller will ask again)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
@@ -65,7 +66,8 @@ class CallStream:
                         break
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        self._abandoned.add(call_id)
+                        if abandon:
+                            self._abandoned.add(call_id)
                         raise TimeoutError
                     self._waiting += 1
                     try:
@@ -78,8 +80,9 @@ class CallStream:
                 frame = self._read_one(deadline)
                 answers = CALL_ID.unpack_from(frame)[0]
             except TimeoutError:
-                with self._cond:
-                    self._abandoned.add(call_id)
+                if abandon:
+                    with self._cond:
+                        self._abandoned.add(call_id)
                 raise
             finally:
                 with self._cond:

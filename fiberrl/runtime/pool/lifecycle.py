@@ -18,7 +18,7 @@ import time
 
 from ..backends import resolve_name
 from ..config import get_config
-from ..processes.process import Process, cpu_count
+from ..processes.process import Process, cpu_count, silence_limit
 from .dispatch import CLOSE, TERMINATE, Worker
 from .protocol import send_replies
 from .results import WorkerLostError
@@ -38,8 +38,7 @@ class WorkerLifecycle:
         self._initializer, self._initargs = initializer, initargs
         self._worker_resources, self._local = worker_resources, local
         self._worker_ids = itertools.count()
-        # a local worker cannot be cut off, and its death is seen at once
-        self._silence_timeout = 0.0 if local else get_config().silence_timeout
+        self._silence_timeout = silence_limit()
         self._thread = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
 
     def start(self) -> None:

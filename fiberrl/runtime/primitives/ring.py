@@ -17,7 +17,9 @@ Fiber's initializer (``MASTER_ADDR``/``MASTER_PORT`` and env://), or a script
 written for torchrun: every member's environment carries torchrun's
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``.  If a member raises or dies, ``run()``
-stops the others and raises ``RingError`` naming it.
+stops the others and raises ``RingError`` naming it; so too if a member goes
+unheard past ``silence_timeout`` (its host cut off or stalled: the others wait
+for it in a collective), after giving it up (``Process.cut_off``).
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ _GRACE = 3.0
 # how long run() waits, once a member reports an error, for a member that
 # died silently: that death, not the errors it caused in others, is the cause
 _SETTLE = 0.5
+# how often run() looks for a member gone unheard
+_UNHEARD_CHECK = 1.0
 
 
 class RingError(RuntimeError):
@@ -188,6 +192,7 @@ class Ring:
         failed: dict[int, RingError] = {}  # in the order they were reported
         dead: dict[int, RingError] = {}  # exited without a word
         first_failure = None
+        next_check = time.monotonic() + _UNHEARD_CHECK
 
         def handle(message) -> None:
             kind, rank, *rest = message
@@ -226,6 +231,13 @@ class Ring:
                 if rank not in values and rank not in failed:
                     dead[rank] = RingError(f"Ring member rank {rank} {_describe_exit(p.exitcode)} "
                                            "before returning", rank)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + _UNHEARD_CHECK
+                for rank, p in enumerate(members):
+                    if rank not in values and rank not in dead and p.exitcode is None and p.unheard():
+                        p.cut_off()
+                        dead[rank] = RingError(f"Ring member rank {rank} has not been heard for over "
+                                               f"silence_timeout: its host is cut off or stalled", rank)
             if failed and first_failure is None:
                 first_failure = time.monotonic()
             settled = (first_failure is not None and time.monotonic() - first_failure >= _SETTLE

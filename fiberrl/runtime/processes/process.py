@@ -309,6 +309,12 @@ class Process(BaseProcess):
         heard = None if self._link_id is None else get_hub().heard_from(self._link_id)
         return None if heard is None else time.monotonic() - heard
 
+    def unheard(self) -> bool:
+        """Whether its job has gone unheard past ``silence_limit()``: its host cut off or stalled,
+        so that it is to be given up (``cut_off``) and its work done elsewhere."""
+        limit, quiet = silence_limit(), self.silent_for()
+        return bool(limit) and quiet is not None and quiet > limit
+
     def cut_off(self) -> None:
         """Give it up for lost: end its link, so that a job which was only cut off exits once
         it can hear (never to come back), and kill its job through the backend."""
@@ -382,6 +388,14 @@ def _with_configured_defaults(resources: dict) -> dict:
     config = get_config()
     defaults = {"cpu": config.cpu_per_job or None, "mem": config.mem_per_job or None}
     return {**{k: v for k, v in defaults.items() if v is not None}, **resources}
+
+
+def silence_limit() -> float:
+    """How long a job may go unheard before it is given up for lost (``silence_timeout``; 0: never).
+    Never on the local backend: a local process cannot be cut off, its death is seen at once, and
+    local workers that outnumber the cores may be slow to beat."""
+    config = get_config()
+    return 0.0 if resolve_name(config.backend) == "local" else float(config.silence_timeout or 0.0)
 
 
 def current_process() -> BaseProcess:
