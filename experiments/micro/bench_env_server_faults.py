@@ -53,7 +53,8 @@ def rollout(args, fault: str | None) -> dict:
             steps.append((step.obs, step.reward, step.terminated, step.truncated, sorted(step.final_obs),
                           [tuple(e) for e in step.episodes]))
         figures["wall_s"] = time.monotonic() - started
-        figures.update(rebuilds=envs.rebuilds, handovers=envs.handovers, restarts=envs.restarts)
+        # getattr: the bench also measures the commit before unheard servers were rebuilt
+        figures.update(rebuilds=getattr(envs, "rebuilds", 0), handovers=envs.handovers, restarts=envs.restarts)
     finally:
         envs.close()
     return figures, steps
