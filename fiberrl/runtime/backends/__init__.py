@@ -26,6 +26,20 @@ _watched: set[str] = set()
 _lock = threading.Lock()
 
 
+def register(name: str, where: str) -> None:
+    """Make ``backend=name`` start jobs with a Backend of one's own, ``where`` being
+    "module:Class" (a module this process imports; "__main__:Class" for a script's own)."""
+    from .. import config
+    if name == "auto" or not name.isidentifier():
+        raise ValueError(f"{name!r} cannot name a backend: a Python identifier other than auto")
+    module, _, cls = where.partition(":")
+    if not module or not cls:
+        raise ValueError(f"{where!r}: a backend is given as 'module:Class'")
+    BACKENDS[name] = where
+    if name not in config.BACKEND_NAMES:
+        config.BACKEND_NAMES += (name,)
+
+
 def resolve_name(name: str) -> str:
     """``auto`` is kubernetes inside a pod, else local."""
     if name == "auto":
@@ -94,4 +108,4 @@ def _stop_reaper(reaper: subprocess.Popen) -> None:
 
 
 __all__ = ["BACKENDS", "NEVER_RAN_EXIT", "OWNER", "Backend", "Job", "JobSpec", "JobStatus", "get_backend",
-           "listen_host", "make_backend", "resolve_name", "start_job"]
+           "listen_host", "make_backend", "register", "resolve_name", "start_job"]

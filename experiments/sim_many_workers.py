@@ -1,0 +1,464 @@
+"""Thousands of pool workers on one master, by simulation: what the master spends as the cluster grows.
+
+    python experiments/sim_many_workers.py [--workers 16,256,1024,4096,9000] [--task-s 0.2]
+                                           [--zero-tasks 20000] [--rounds 3] [--simulators 2]
+
+A real ``Pool`` in this process starts W workers on a backend of the bench's own (``simulated``):
+each job is handed to a simulator process, where it does what a real worker's job does, over real
+authenticated TCP streams with a MAC on every frame (the path jobs on other hosts take, not the
+local Unix sockets): it connects to the master's hub, fetches its task (LAUNCH: the pickled
+``Process`` whose target is the pool's worker loop; its arguments name the pool and the worker),
+beats every ``heartbeat_interval`` over that link as its lifeline does, connects to the pool and
+speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
+``pool.worker.run_worker`` does: hello, asking for work, saying when it loads a function and
+starts a chunk, sending results, asking for its next batch as it starts the last chunk of one
+that said more was waiting.  Only running a task is simulated: a task ``(value, seconds)`` of
+``simulated_task`` takes ``seconds`` of the simulator's clock and returns ``value``, so every
+result is checked.  Thousands of workers share one simulator (an epoll loop and a heap of
+timers); their connections are set up by a few threads.
+
+For each W, on a fresh pool: the time for all W to connect; the master's resident memory per
+connected worker; the master's CPU per second with the pool idle (the heartbeats) and the
+heartbeats per second; ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
+chooses): their time against the ideal (2 tasks a worker) and the master's CPU per task; and
+``--zero-tasks`` tasks of no time unchunked (chunksize 1), and ten times as many chunked (the
+pool's chunksize):
+tasks per second and the master's CPU per task.  The master's CPU is this process's (every
+thread: ``time.process_time``); the simulators run beside it on the same cores, so on a
+small machine the tasks per second are the pair's.  Its last line:
+``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
+largest W / at the smallest> tasks_per_s=<n>``.
+
+The master holds two streams a worker (its link and its pool stream): W is bounded here by the
+open-files limit (``ulimit -n``), which this script raises to its hard limit.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import os
+import pickle
+import queue
+import random
+import resource
+import selectors
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import cloudpickle
+
+import fiberrl.runtime as mp
+from fiberrl.runtime import backends
+from fiberrl.runtime.backends import Backend, Job, JobStatus
+from fiberrl.runtime.net import auth, wire
+from fiberrl.runtime.net import stream as streams
+from fiberrl.runtime.net.dial import connect
+from fiberrl.runtime.net.errors import LinkError
+from fiberrl.runtime.net.transport import OK
+from fiberrl.runtime.pool.protocol import (CHUNK, CHUNK_ID, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET,
+                                           W_START, WORKER_ID)
+from fiberrl.runtime.processes.hub import LAUNCH, PING
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def simulated_task(task):
+    """What a simulated task stands for (a real worker would run it): ``task`` is (value, seconds)."""
+    value, seconds = task
+    time.sleep(seconds)
+    return value
+
+
+# --- the master's side: a backend whose jobs are simulated ------------------------------------
+class SimulatedJobState:
+    __slots__ = ("ended", "code")
+
+    def __init__(self):
+        self.ended = threading.Event()
+        self.code: int | None = None
+
+
+class SimulatedBackend(Backend):
+    """Jobs handed to simulator processes, round robin, over their stdin; they say on stdout when one ended."""
+
+    name = "simulated"
+    simulators = 1
+    heartbeat_s = 1.0
+
+    def __init__(self):
+        self._jobs: dict[str, SimulatedJobState] = {}
+        self._ids = iter(range(1, 1 << 62))
+        self._lock = threading.Lock()
+        self._counts: queue.Queue = queue.Queue()
+        env = dict(os.environ, **{auth.SECRET_ENV: auth.run_secret().hex()})
+        self._sims = [subprocess.Popen([sys.executable, __file__, "--simulator", str(self.heartbeat_s)], env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                      for _ in range(self.simulators)]
+        for sim in self._sims:
+            threading.Thread(target=self._read_ends, args=(sim,), daemon=True).start()
+
+    def listen_host(self) -> str:
+        return "127.0.0.1"
+
+    def create_job(self, spec) -> Job:
+        from fiberrl.runtime import env_names
+        with self._lock:
+            n = next(self._ids)
+            job_id = f"sim-{n}"
+            self._jobs[job_id] = state = SimulatedJobState()
+            self._tell(self._sims[n % len(self._sims)],
+                       f"start {job_id} {spec.env[env_names.PARENT_ADDRESS]} {spec.env[env_names.PROCESS_ID]}")
+        return Job(id=job_id, spec=spec, host="127.0.0.1", handle=state)
+
+    def _tell(self, sim, line: str) -> None:
+        sim.stdin.write(line + "\n")
+
+    def status(self, job):
+        state = job.handle
+        return (JobStatus.EXITED, state.code) if state.ended.is_set() else (JobStatus.RUNNING, None)
+
+    def wait(self, job, timeout=None):
+        return job.handle.code if job.handle.ended.wait(timeout) else None
+
+    def terminate(self, job, force: bool = False) -> None:
+        if not job.handle.ended.is_set():
+            with self._lock:
+                for sim in self._sims:
+                    self._tell(sim, f"stop {job.id} {-9 if force else -15}")
+
+    def counters(self) -> dict:
+        """The simulators' heartbeat counts and such, summed."""
+        with self._lock:
+            for sim in self._sims:
+                self._tell(sim, "count")
+        totals: dict = {}
+        for _ in self._sims:
+            for key, value in self._counts.get().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def _read_ends(self, sim) -> None:
+        for line in sim.stdout:
+            kind, *rest = line.split()
+            if kind == "exit":
+                state = self._jobs.pop(rest[0], None)
+                if state is not None:
+                    state.code = int(rest[1])
+                    state.ended.set()
+            elif kind == "count":
+                self._counts.put({k: int(v) for k, v in (item.split("=") for item in rest)})
+
+    def close(self) -> None:
+        for sim in self._sims:
+            try:
+                sim.stdin.close()
+            except OSError:
+                pass
+            sim.wait(30)
+
+
+# --- the simulator: thousands of workers' jobs on one epoll loop --------------------------------
+class SimWorker:
+    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended")
+
+    def __init__(self, job_id: str, link, pool):
+        self.job_id, self.link, self.pool = job_id, link, pool
+        self.chunks: deque = deque()  # (chunk id, loads a function, values, seconds, asks for more as it starts)
+        self.busy = False
+        self.ended = False
+
+
+class Simulator:
+    def __init__(self, heartbeat_s: float):
+        streams.LOCAL_SOCKETS = False  # as a job on another host: TCP, a MAC on every frame
+        self.heartbeat_s = heartbeat_s
+        self.selector = selectors.EpollSelector()
+        self.timers: list = []
+        self.seq = 0
+        self.workers: dict[str, SimWorker] = {}
+        self.ready: deque = deque()  # workers whose connections a setup thread made
+        self.counts = {"heartbeats": 0, "chunks": 0, "tasks": 0, "workers": 0}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        os.set_blocking(0, False)
+        self.selector.register(0, selectors.EVENT_READ, ("control", None))
+        self.control_buffer = b""
+        self.setup = ThreadPoolExecutor(8)
+        self.out_lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self.out_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    # -- a job starting: what pool workers' jobs do before their loop (on a setup thread) ------
+    def start(self, job_id: str, parent: str, process_id: str) -> None:
+        try:
+            link = connect(parent)
+            link.send([bytes((LAUNCH,)), bytes.fromhex(process_id)])
+            reply = link.recv()
+            if reply[0] != OK:
+                raise RuntimeError(f"{job_id}: its parent had no task for it")
+            _prep, body = pickle.loads(memoryview(reply)[1:])
+            process = cloudpickle.loads(body)
+            master, worker_id = process._args[0], process._args[1]
+            pool = connect(master)
+            pool.send([bytes((W_HELLO,)), WORKER_ID.pack(worker_id)])
+            if pool.recv()[0] != OK:
+                raise RuntimeError(f"{job_id}: the pool did not want it")
+        except (LinkError, OSError, RuntimeError) as exc:
+            sys.stderr.write(f"simulated job {job_id} failed to start: {exc}\n")
+            self.say(f"exit {job_id} 1")
+            return
+        self.ready.append(SimWorker(job_id, link, pool))
+        os.write(self.wake_w, b"w")
+
+    def adopt(self, worker: SimWorker) -> None:
+        self.workers[worker.job_id] = worker
+        self.counts["workers"] += 1
+        self.selector.register(worker.link.sock, selectors.EVENT_READ, ("link", worker))
+        self.selector.register(worker.pool.sock, selectors.EVENT_READ, ("pool", worker))
+        self.at(time.monotonic() + random.random() * self.heartbeat_s, self.beat, worker)
+        self.send(worker, [bytes((W_GET,))])
+
+    # -- the loop ----------------------------------------------------------------------------
+    def at(self, when: float, callback, worker) -> None:
+        self.seq += 1
+        heapq.heappush(self.timers, (when, self.seq, callback, worker))
+
+    def run(self) -> None:
+        while True:
+            timeout = max(0.0, self.timers[0][0] - time.monotonic()) if self.timers else None
+            for key, _ in self.selector.select(timeout):
+                kind, worker = key.data
+                if kind == "wake":
+                    os.read(self.wake_r, 4096)
+                    while self.ready:
+                        self.adopt(self.ready.popleft())
+                elif kind == "control":
+                    data = os.read(0, 1 << 16)
+                    if not data:
+                        return
+                    *lines, self.control_buffer = (self.control_buffer + data).split(b"\n")
+                    for line in lines:
+                        self.control(line.decode().split())
+                elif not worker.ended:
+                    self.readable(kind, worker)
+            now = time.monotonic()
+            while self.timers and self.timers[0][0] <= now:
+                _, _, callback, worker = heapq.heappop(self.timers)
+                if not worker.ended:
+                    callback(worker)
+
+    def control(self, words: list[str]) -> None:
+        if words[0] == "start":
+            self.setup.submit(self.start, *words[1:])
+        elif words[0] == "stop":
+            worker = self.workers.get(words[1])
+            if worker is not None:
+                self.end(worker, int(words[2]))
+        elif words[0] == "count":
+            self.say("count " + " ".join(f"{k}={v}" for k, v in self.counts.items()))
+
+    def end(self, worker: SimWorker, code: int) -> None:
+        if worker.ended:
+            return
+        worker.ended = True
+        for stream in (worker.link, worker.pool):
+            try:
+                self.selector.unregister(stream.sock)
+            except (KeyError, ValueError):
+                pass
+            stream.close()
+        del self.workers[worker.job_id]
+        self.say(f"exit {worker.job_id} {code}")
+
+    def send(self, worker: SimWorker, parts) -> None:
+        try:
+            worker.pool.send(parts)
+        except LinkError:
+            self.end(worker, 0)  # the master is gone, or gave it up
+
+    def readable(self, kind: str, worker: SimWorker) -> None:
+        stream = worker.link if kind == "link" else worker.pool
+        try:
+            frames = stream.recv_ready()
+        except LinkError:
+            self.end(worker, 0 if kind == "pool" else 75)
+            return
+        if kind == "pool":
+            for frame in frames:
+                self.batch(worker, frame)
+
+    # -- the lifeline: a PING every heartbeat_s, its answer read (and dropped) when it comes --
+    def beat(self, worker: SimWorker) -> None:
+        try:
+            worker.link.send([bytes((PING,)), b""])
+        except LinkError:
+            self.end(worker, 75)
+            return
+        self.counts["heartbeats"] += 1
+        self.at(time.monotonic() + self.heartbeat_s, self.beat, worker)
+
+    # -- the pool's worker loop, message for message -----------------------------------------
+    def batch(self, worker: SimWorker, frame) -> None:
+        if frame[0] != OK:  # retired
+            self.end(worker, 0)
+            return
+        parts = wire.split(memoryview(frame)[1:])
+        backlog = bool(parts[0][0])
+        batch = list(CHUNK.iter_unpack(parts[0][1:]))
+        blobs = iter(parts[1:])
+        for i, (chunk_id, _func_id, has_func, _star) in enumerate(batch):
+            if has_func:
+                next(blobs)  # the function: a real worker loads it
+            tasks = wire.loads(next(blobs))
+            last = i + 1 == len(batch)
+            worker.chunks.append((chunk_id, has_func, [t[0] for t in tasks], sum(t[1] for t in tasks),
+                                  last and backlog, last and not backlog))
+        if not worker.busy:
+            self.next_chunk(worker)
+
+    def next_chunk(self, worker: SimWorker) -> None:
+        if not worker.chunks:
+            return
+        chunk_id, has_func, values, seconds, asks_more, asks_after = worker.chunks[0]
+        if has_func:
+            self.send(worker, [bytes((W_LOAD,)), CHUNK_ID.pack(chunk_id)])
+        self.send(worker, [bytes((W_GET if asks_more else W_START,)), CHUNK_ID.pack(chunk_id)])
+        worker.busy = True
+        if seconds > 0:
+            self.at(time.monotonic() + seconds, self.chunk_done, worker)
+        else:
+            self.chunk_done(worker)
+
+    def chunk_done(self, worker: SimWorker) -> None:
+        chunk_id, _, values, seconds, _, asks_after = worker.chunks.popleft()
+        report = wire.frames([REPORT.pack(chunk_id, True, seconds, math.nan), wire.encode(values)])
+        self.counts["chunks"] += 1
+        self.counts["tasks"] += len(values)
+        worker.busy = False
+        self.send(worker, [bytes((W_RESULT_GET if asks_after else W_RESULT,)), *report])
+        if not worker.ended:
+            self.next_chunk(worker)
+
+
+# --- measuring ----------------------------------------------------------------------------------
+def cpu_s() -> float:
+    """This process's CPU seconds, every thread's."""
+    return time.process_time()
+
+
+def rss_kib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE / 1024
+
+
+def measure(w: int, args, backend: SimulatedBackend) -> dict:
+    figures: dict = {"W": w}
+    rss0, started = rss_kib(), time.monotonic()
+    pool = mp.Pool(w)
+    try:
+        while pool.statistics().workers_alive < w:
+            if time.monotonic() - started > args.connect_timeout:
+                raise SystemExit(f"W={w}: {pool.statistics().workers_alive} of {w} workers connected in "
+                                 f"{args.connect_timeout} s")
+            time.sleep(0.02)
+        figures["connect_s"] = time.monotonic() - started
+        figures["rss_per_worker_kib"] = (rss_kib() - rss0) / w
+
+        # idle: the heartbeats alone
+        time.sleep(2)
+        beats0, cpu0, t0 = backend.counters()["heartbeats"], cpu_s(), time.monotonic()
+        time.sleep(args.idle_s)
+        wall = time.monotonic() - t0
+        figures["idle_cpu_per_s"] = (cpu_s() - cpu0) / wall
+        figures["heartbeats_per_s"] = (backend.counters()["heartbeats"] - beats0) / wall
+
+        # ES-shaped maps: 2W tasks of task_s each, chunks as the pool chooses
+        tasks = [(i, args.task_s) for i in range(2 * w)]
+        times, cpus = [], []
+        for _ in range(args.rounds):
+            cpu0, t0 = cpu_s(), time.monotonic()
+            assert pool.map(simulated_task, tasks) == list(range(2 * w))
+            times.append(time.monotonic() - t0)
+            cpus.append(cpu_s() - cpu0)
+        figures["map_s"] = statistics.median(times)
+        figures["map_ideal_s"] = 2 * args.task_s
+        figures["map_cpu_per_task_ms"] = statistics.median(cpus) / (2 * w) * 1e3
+
+        # zero-cost tasks, unchunked and chunked (ten times as many: each chunk holds many)
+        for name, chunksize, n in (("unchunked", 1, args.zero_tasks), ("chunked", None, 10 * args.zero_tasks)):
+            zero = [(i, 0.0) for i in range(n)]
+            cpu0, t0 = cpu_s(), time.monotonic()
+            assert pool.map(simulated_task, zero, chunksize=chunksize) == list(range(n))
+            wall = time.monotonic() - t0
+            figures[f"{name}_tasks_per_s"] = n / wall
+            figures[f"{name}_cpu_per_task_us"] = (cpu_s() - cpu0) / n * 1e6
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+    return figures
+
+
+def raise_open_files() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="16,256,1024,4096,9000")
+    parser.add_argument("--task-s", type=float, default=0.2)
+    parser.add_argument("--zero-tasks", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--simulators", type=int, default=2)
+    parser.add_argument("--connect-timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    sizes = [int(w) for w in args.workers.split(",")]
+    limit = raise_open_files()
+    if 2 * max(sizes) + 200 > limit:
+        raise SystemExit(f"--workers {max(sizes)}: the master holds two streams a worker, and this machine lets a "
+                         f"process open {limit} files (ulimit -Hn): at most {(limit - 200) // 2} workers")
+    SimulatedBackend.simulators = args.simulators
+    backends.register("simulated", "__main__:SimulatedBackend")
+    mp.configure(backend="simulated", start_timeout=args.connect_timeout, cpu_per_job=0, mem_per_job=0)
+    backend = backends.get_backend()
+    rows = []
+    try:
+        for w in sizes:
+            rows.append(measure(w, args, backend))
+            row = rows[-1]
+            print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in row.items() if k != "W"), flush=True)
+    finally:
+        backend.close()
+    base, top = rows[0], rows[-1]
+    print(f"\n{'W':>6}{'connect s':>11}{'RSS KiB/w':>11}{'idle CPU/s':>12}{'beats/s':>9}{'map s':>8}"
+          f"{'x ideal':>9}{'map ms/task':>13}{'unchunked/s':>13}{'us/task':>9}{'chunked/s':>11}{'us/task':>9}")
+    for r in rows:
+        print(f"{r['W']:>6}{r['connect_s']:>11.2f}{r['rss_per_worker_kib']:>11.1f}{r['idle_cpu_per_s']:>12.3f}"
+              f"{r['heartbeats_per_s']:>9.0f}{r['map_s']:>8.2f}{r['map_s'] / r['map_ideal_s']:>9.2f}"
+              f"{r['map_cpu_per_task_ms']:>13.3f}{r['unchunked_tasks_per_s']:>13.0f}{r['unchunked_cpu_per_task_us']:>9.0f}"
+              f"{r['chunked_tasks_per_s']:>11.0f}{r['chunked_cpu_per_task_us']:>9.0f}")
+    print(f"sim_many_workers: W={top['W']} connect_s={top['connect_s']:.2f} "
+          f"rss_per_worker_kib={top['rss_per_worker_kib']:.1f} "
+          f"cpu_per_task_ratio={top['map_cpu_per_task_ms'] / base['map_cpu_per_task_ms']:.2f} "
+          f"tasks_per_s={top['chunked_tasks_per_s']:.0f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--simulator":
+        Simulator(float(sys.argv[2])).run()
+    else:
+        main()
