@@ -370,7 +370,7 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
             if time.monotonic() - started > args.connect_timeout:
                 raise SystemExit(f"W={w}: {pool.statistics().workers_alive} of {w} workers connected in "
                                  f"{args.connect_timeout} s")
-            time.sleep(0.02)
+            time.sleep(0.1)
         figures["connect_s"] = time.monotonic() - started
         figures["rss_per_worker_kib"] = (rss_kib() - rss0) / w
 

@@ -59,6 +59,10 @@ CHALLENGE_BYTES = 2 * auth.NONCE_BYTES
 # larger frames are refused: a corrupt length must not allocate the machine's memory
 MAX_FRAME = 1 << 36
 READ_BUFFER = 1 << 16
+# a stream's read buffer starts this small and grows to READ_BUFFER once its frames or its reads
+# need it: a master holds two streams a worker, most of which only ever carry small frames
+# (heartbeats, requests for work), and 64 KiB each made 128 KiB of its memory a worker
+FIRST_READ_BUFFER = 1 << 12
 SMALL_FRAME = 1 << 14
 LOCAL_SOCKETS = sys.platform == "linux"
 # flags in a frame's length word: the body is where the frame lies in the
@@ -82,7 +86,7 @@ class Stream:
         self.sock = sock
         self._send_lock = threading.Lock()
         # frames are read through this buffer: a small one costs one system call, not two
-        self._buf = bytearray(READ_BUFFER)
+        self._buf = bytearray(FIRST_READ_BUFFER)
         self._view = memoryview(self._buf)
         self._start = self._end = 0
         self._large: tuple[bytearray, int] | None = None
@@ -250,6 +254,9 @@ class Stream:
                     if until_offer:
                         return None
                     continue
+                if _LENGTH.size + length > len(self._buf) and len(self._buf) < READ_BUFFER:
+                    self._grow(_LENGTH.size + length)
+                    continue
                 if _LENGTH.size + length > len(self._buf):
                     body = bytearray(length)
                     body[:self._end - begin] = self._view[begin:self._end]
@@ -259,10 +266,22 @@ class Stream:
             if self._start:  # make room at the end for the rest of the frame
                 self._buf[:held] = self._view[self._start:self._end]
                 self._start, self._end = 0, held
+            room = len(self._buf) - self._end
             n = self._recv_into(self._view[self._end:], wait)
             if n is None:
                 return None
             self._end += n
+            if n == room and len(self._buf) < READ_BUFFER:  # more may be waiting: read more at once next time
+                self._grow(2 * len(self._buf))
+
+    def _grow(self, size: int) -> None:
+        """A larger read buffer (at most READ_BUFFER), holding what the old one held unread."""
+        size = min(READ_BUFFER, max(size, 2 * len(self._buf)))
+        held = self._end - self._start
+        buf = bytearray(size)
+        buf[:held] = self._view[self._start:self._end]
+        self._buf, self._view = buf, memoryview(buf)
+        self._start, self._end = 0, held
 
     def _recv_into(self, view, wait: bool) -> int | None:
         if not wait and self._drained:

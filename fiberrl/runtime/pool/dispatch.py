@@ -90,8 +90,16 @@ class DispatchPolicy:
 
     # --- workers coming and going --------------------------------------------
     def wants_worker(self) -> bool:
-        active = sum(1 for w in self.workers.values() if not w.retiring)
-        return self.state == RUN and not self.broken and active < self.target_size
+        return self.missing_workers() > 0
+
+    def missing_workers(self) -> int:
+        """How many workers the pool should start now."""
+        if not self.may_start_workers():
+            return 0
+        return max(0, self.target_size - sum(1 for w in self.workers.values() if not w.retiring))
+
+    def may_start_workers(self) -> bool:
+        return self.state == RUN and not self.broken
 
     def add_worker(self, worker: Worker) -> None:
         self.workers[worker.id] = worker

@@ -18,6 +18,7 @@ import time
 
 from ..backends import resolve_name
 from ..config import get_config
+from ..processes.hub import get_hub
 from ..processes.process import Process, cpu_count, silence_limit
 from .dispatch import CLOSE, TERMINATE, Worker
 from .protocol import send_replies
@@ -120,9 +121,11 @@ class WorkerLifecycle:
 
     def _start_missing_workers(self) -> None:
         policy = self._policy
-        while True:
+        with self._lock:
+            missing = policy.missing_workers()  # counted once: a count per start made 10,000 starts O(W^2)
+        for _ in range(missing):
             with self._lock:
-                if not policy.wants_worker():
+                if not policy.may_start_workers():
                     return
                 worker_id = next(self._worker_ids)
                 process = Process(target=run_worker, name=f"PoolWorker-{worker_id}", daemon=True,
@@ -144,14 +147,14 @@ class WorkerLifecycle:
         """Connected workers unheard for ``silence_timeout`` (with the lock held), marked cut off."""
         if not self._silence_timeout:
             return []
+        # one pass over the links heard (the usual answer: none is quiet), not a lookup a worker
+        quiet = get_hub().unheard_since(time.monotonic() - self._silence_timeout)
         silent = []
-        for worker in self._policy.workers.values():
-            if worker.stream_id is None or worker.cut_off:
-                continue
-            quiet = worker.process.silent_for()
-            if quiet is not None and quiet > self._silence_timeout:
-                worker.cut_off = True
-                silent.append(worker)
+        if quiet:
+            for worker in self._policy.workers.values():
+                if worker.stream_id is not None and not worker.cut_off and worker.process.link_id in quiet:
+                    worker.cut_off = True
+                    silent.append(worker)
         return silent
 
     def _give_up(self, worker: Worker) -> None:

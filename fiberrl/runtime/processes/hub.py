@@ -146,6 +146,10 @@ class Hub:
         before it fetched its task and once its link has ended."""
         return None if self._child_links is None else self._child_links.heard(process_id)
 
+    def unheard_since(self, when: float) -> set[bytes]:
+        """The processes whose jobs have not spoken since ``when`` (``time.monotonic``)."""
+        return set() if self._child_links is None else self._child_links.unheard_since(when)
+
     def hang_up_on(self, process_id: bytes) -> None:
         """End the link of ``process_id``'s job (see ChildLinks.hang_up)."""
         if self._child_links is not None:

@@ -68,6 +68,10 @@ class ChildLinks:
         link = self._named.get(process_id)
         return None if link is None else link.heard
 
+    def unheard_since(self, when: float) -> set[bytes]:
+        """The processes whose jobs have not spoken since ``when``."""
+        return {process_id for process_id, link in list(self._named.items()) if link.heard < when}
+
     def hang_up(self, process_id: bytes) -> None:
         """End the link of ``process_id``'s job: once it can hear, the job sees its parent gone
         and exits (its lifeline), so a job given up for lost cannot come back."""

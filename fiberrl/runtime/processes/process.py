@@ -302,6 +302,11 @@ class Process(BaseProcess):
         if self._job is not None:
             self._backend().terminate(self._job, force=True)
 
+    @property
+    def link_id(self) -> bytes | None:
+        """What names its job's link to this process (``Hub.heard_from``); None before it started."""
+        return self._link_id
+
     def silent_for(self) -> float | None:
         """Seconds since its job last spoke to this process (a heartbeat comes every
         ``heartbeat_interval``); None before it started running and once it has ended.
