@@ -19,7 +19,9 @@ timers); their connections are set up by a few threads.
 
 For each W, on a fresh pool: the time for all W to connect; the master's resident memory per
 connected worker; the master's CPU per second with the pool idle (the heartbeats) and the
-heartbeats per second; ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
+heartbeats per second (and how many the simulators sent over a second late, and how many workers
+the master gave up for silence: on this small machine the simulators and the master share the
+cores); ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
 chooses): their time against the ideal (2 tasks a worker) and the master's CPU per task; and
 ``--zero-tasks`` tasks of no time unchunked (chunksize 1), and ten times as many chunked (the
 pool's chunksize):
@@ -27,7 +29,9 @@ tasks per second and the master's CPU per task.  The master's CPU is this proces
 thread: ``time.process_time``); the simulators run beside it on the same cores, so on a
 small machine the tasks per second are the pair's.  Its last line:
 ``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
-largest W / at the smallest> tasks_per_s=<n>``.
+largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU per unchunked
+zero-cost task (the same tasks at every W, so only what grows with W can move it: heartbeats
+included), the tasks per second are the chunked ones at the largest W.
 
 The master holds two streams a worker (its link and its pool stream): W is bounded here by the
 open-files limit (``ulimit -n``), which this script raises to its hard limit.
@@ -165,13 +169,14 @@ class SimulatedBackend(Backend):
 
 # --- the simulator: thousands of workers' jobs on one epoll loop --------------------------------
 class SimWorker:
-    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended")
+    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due")
 
     def __init__(self, job_id: str, link, pool):
         self.job_id, self.link, self.pool = job_id, link, pool
         self.chunks: deque = deque()  # (chunk id, loads a function, values, seconds, asks for more as it starts)
         self.busy = False
         self.ended = False
+        self.beat_due = 0.0
 
 
 class Simulator:
@@ -183,7 +188,8 @@ class Simulator:
         self.seq = 0
         self.workers: dict[str, SimWorker] = {}
         self.ready: deque = deque()  # workers whose connections a setup thread made
-        self.counts = {"heartbeats": 0, "chunks": 0, "tasks": 0, "workers": 0}
+        # beats_late: sent over a second after they were due (the simulator behind, not the master)
+        self.counts = {"heartbeats": 0, "beats_late": 0, "chunks": 0, "tasks": 0, "workers": 0}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
@@ -225,7 +231,8 @@ class Simulator:
         self.counts["workers"] += 1
         self.selector.register(worker.link.sock, selectors.EVENT_READ, ("link", worker))
         self.selector.register(worker.pool.sock, selectors.EVENT_READ, ("pool", worker))
-        self.at(time.monotonic() + random.random() * self.heartbeat_s, self.beat, worker)
+        worker.beat_due = time.monotonic() + random.random() * self.heartbeat_s
+        self.at(worker.beat_due, self.beat, worker)
         self.send(worker, [bytes((W_GET,))])
 
     # -- the loop ----------------------------------------------------------------------------
@@ -304,8 +311,11 @@ class Simulator:
         except LinkError:
             self.end(worker, 75)
             return
+        now = time.monotonic()
         self.counts["heartbeats"] += 1
-        self.at(time.monotonic() + self.heartbeat_s, self.beat, worker)
+        self.counts["beats_late"] += now - worker.beat_due > 1.0
+        worker.beat_due = now + self.heartbeat_s
+        self.at(worker.beat_due, self.beat, worker)
 
     # -- the pool's worker loop, message for message -----------------------------------------
     def batch(self, worker: SimWorker, frame) -> None:
@@ -363,6 +373,7 @@ def rss_kib() -> float:
 
 def measure(w: int, args, backend: SimulatedBackend) -> dict:
     figures: dict = {"W": w}
+    late0 = backend.counters()["beats_late"]
     rss0, started = rss_kib(), time.monotonic()
     pool = mp.Pool(w)
     try:
@@ -372,6 +383,7 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
                                  f"{args.connect_timeout} s")
             time.sleep(0.1)
         figures["connect_s"] = time.monotonic() - started
+        figures["cut_off_connecting"] = pool.statistics().workers_cut_off
         figures["rss_per_worker_kib"] = (rss_kib() - rss0) / w
 
         # idle: the heartbeats alone
@@ -402,6 +414,9 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
             wall = time.monotonic() - t0
             figures[f"{name}_tasks_per_s"] = n / wall
             figures[f"{name}_cpu_per_task_us"] = (cpu_s() - cpu0) / n * 1e6
+        counts = backend.counters()
+        figures["cut_off"] = pool.statistics().workers_cut_off
+        figures["beats_late"] = counts["beats_late"] - late0
         pool.close()
         pool.join()
     finally:
@@ -443,18 +458,34 @@ def main() -> None:
                                           for k, v in row.items() if k != "W"), flush=True)
     finally:
         backend.close()
+    print()
+    print("".join(f"{name:>{width}}" for name, _, width, _ in COLUMNS))
+    for row in rows:
+        print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
     base, top = rows[0], rows[-1]
-    print(f"\n{'W':>6}{'connect s':>11}{'RSS KiB/w':>11}{'idle CPU/s':>12}{'beats/s':>9}{'map s':>8}"
-          f"{'x ideal':>9}{'map ms/task':>13}{'unchunked/s':>13}{'us/task':>9}{'chunked/s':>11}{'us/task':>9}")
-    for r in rows:
-        print(f"{r['W']:>6}{r['connect_s']:>11.2f}{r['rss_per_worker_kib']:>11.1f}{r['idle_cpu_per_s']:>12.3f}"
-              f"{r['heartbeats_per_s']:>9.0f}{r['map_s']:>8.2f}{r['map_s'] / r['map_ideal_s']:>9.2f}"
-              f"{r['map_cpu_per_task_ms']:>13.3f}{r['unchunked_tasks_per_s']:>13.0f}{r['unchunked_cpu_per_task_us']:>9.0f}"
-              f"{r['chunked_tasks_per_s']:>11.0f}{r['chunked_cpu_per_task_us']:>9.0f}")
     print(f"sim_many_workers: W={top['W']} connect_s={top['connect_s']:.2f} "
           f"rss_per_worker_kib={top['rss_per_worker_kib']:.1f} "
-          f"cpu_per_task_ratio={top['map_cpu_per_task_ms'] / base['map_cpu_per_task_ms']:.2f} "
+          f"cpu_per_task_ratio={top['unchunked_cpu_per_task_us'] / base['unchunked_cpu_per_task_us']:.2f} "
           f"tasks_per_s={top['chunked_tasks_per_s']:.0f}")
+
+
+# the table's columns: heading, value, width, format
+COLUMNS = [
+    ("W", lambda r: r["W"], 6, ""),
+    ("cut off", lambda r: r["cut_off"], 8, ""),
+    ("late beats", lambda r: r["beats_late"], 11, ""),
+    ("connect s", lambda r: r["connect_s"], 10, ".2f"),
+    ("KiB/worker", lambda r: r["rss_per_worker_kib"], 11, ".1f"),
+    ("idle CPU/s", lambda r: r["idle_cpu_per_s"], 11, ".3f"),
+    ("beats/s", lambda r: r["heartbeats_per_s"], 8, ".0f"),
+    ("map s", lambda r: r["map_s"], 7, ".2f"),
+    ("x ideal", lambda r: r["map_s"] / r["map_ideal_s"], 8, ".2f"),
+    ("map us/task", lambda r: r["map_cpu_per_task_ms"] * 1e3, 12, ".0f"),
+    ("unchunked/s", lambda r: r["unchunked_tasks_per_s"], 12, ".0f"),
+    ("us/task", lambda r: r["unchunked_cpu_per_task_us"], 8, ".0f"),
+    ("chunked/s", lambda r: r["chunked_tasks_per_s"], 10, ".0f"),
+    ("us/task", lambda r: r["chunked_cpu_per_task_us"], 8, ".1f"),
+]
 
 
 if __name__ == "__main__":

@@ -189,7 +189,9 @@ class _Gate:
             self._advance(key.data)
 
     def _until_next_deadline(self) -> float | None:
-        times = [handshake.deadline for handshake in self._pending.values()][:1] + list(self._paused.values())
+        # the oldest handshake's deadline comes first (not a list of them all: thousands may wait)
+        times = [next(iter(self._pending.values())).deadline] if self._pending else []
+        times += self._paused.values()
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _accept_all(self, listening: socket.socket) -> None:

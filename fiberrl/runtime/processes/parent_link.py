@@ -37,6 +37,15 @@ class ChildLink:
         self.process_id: bytes | None = None
 
 
+def _last_heard(link: ChildLink) -> float:
+    """When the job last spoke: now, if what it sent waits to be read.  A parent too busy to read
+    its links for a while (thousands of jobs starting at once) must not take its jobs for silent."""
+    try:
+        return time.monotonic() if link.stream.readable(0) else link.heard
+    except (OSError, ValueError, LinkError):  # closed meanwhile: its end is being handled
+        return link.heard
+
+
 class ChildLinks:
     """The parent's side: accepts its jobs' links and answers their requests
     with ``handle(op, body, link) -> (status, payload)``, on one thread for all."""
@@ -66,11 +75,12 @@ class ChildLinks:
     def heard(self, process_id: bytes) -> float | None:
         """When the job of ``process_id`` last spoke (``time.monotonic``); None while it has no link."""
         link = self._named.get(process_id)
-        return None if link is None else link.heard
+        return None if link is None else _last_heard(link)
 
     def unheard_since(self, when: float) -> set[bytes]:
         """The processes whose jobs have not spoken since ``when``."""
-        return {process_id for process_id, link in list(self._named.items()) if link.heard < when}
+        return {process_id for process_id, link in list(self._named.items())
+                if link.heard < when and _last_heard(link) < when}
 
     def hang_up(self, process_id: bytes) -> None:
         """End the link of ``process_id``'s job: once it can hear, the job sees its parent gone
