@@ -8,7 +8,8 @@ each job is handed to a simulator process, where it does what a real worker's jo
 authenticated TCP streams with a MAC on every frame (the path jobs on other hosts take, not the
 local Unix sockets): it connects to the master's hub, fetches its task (LAUNCH: the pickled
 ``Process`` whose target is the pool's worker loop; its arguments name the pool and the worker),
-beats every ``heartbeat_interval`` over that link as its lifeline does, connects to the pool and
+beats over that link as its lifeline does (every ``heartbeat_interval``, one beat in
+``heartbeat_timeout / ANSWER_EVERY`` asking for an answer), connects to the pool and
 speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
 ``pool.worker.run_worker`` does: hello, asking for work, saying when it loads a function and
 starts a chunk, sending results, asking for its next batch as it starts the last chunk of one
@@ -67,7 +68,8 @@ from fiberrl.runtime.net.errors import LinkError
 from fiberrl.runtime.net.transport import OK
 from fiberrl.runtime.pool.protocol import (CHUNK, CHUNK_ID, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET,
                                            W_START, WORKER_ID)
-from fiberrl.runtime.processes.hub import LAUNCH, PING
+from fiberrl.runtime.processes.hub import BEAT, LAUNCH, PING
+from fiberrl.runtime.processes.lifeline import ANSWER_EVERY
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -93,7 +95,6 @@ class SimulatedBackend(Backend):
 
     name = "simulated"
     simulators = 1
-    heartbeat_s = 1.0
 
     def __init__(self):
         self._jobs: dict[str, SimulatedJobState] = {}
@@ -101,7 +102,9 @@ class SimulatedBackend(Backend):
         self._lock = threading.Lock()
         self._counts: queue.Queue = queue.Queue()
         env = dict(os.environ, **{auth.SECRET_ENV: auth.run_secret().hex()})
-        self._sims = [subprocess.Popen([sys.executable, __file__, "--simulator", str(self.heartbeat_s)], env=env,
+        config = mp.get_config()
+        beats = [str(config.heartbeat_interval), str(config.heartbeat_timeout)]
+        self._sims = [subprocess.Popen([sys.executable, __file__, "--simulator", *beats], env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
                       for _ in range(self.simulators)]
         for sim in self._sims:
@@ -169,7 +172,7 @@ class SimulatedBackend(Backend):
 
 # --- the simulator: thousands of workers' jobs on one epoll loop --------------------------------
 class SimWorker:
-    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due")
+    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due", "asked")
 
     def __init__(self, job_id: str, link, pool):
         self.job_id, self.link, self.pool = job_id, link, pool
@@ -177,12 +180,13 @@ class SimWorker:
         self.busy = False
         self.ended = False
         self.beat_due = 0.0
+        self.asked = time.monotonic()  # when its lifeline last asked for an answer
 
 
 class Simulator:
-    def __init__(self, heartbeat_s: float):
+    def __init__(self, heartbeat_s: float, heartbeat_timeout: float):
         streams.LOCAL_SOCKETS = False  # as a job on another host: TCP, a MAC on every frame
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s, self.heartbeat_timeout = heartbeat_s, heartbeat_timeout
         self.selector = selectors.EpollSelector()
         self.timers: list = []
         self.seq = 0
@@ -304,14 +308,18 @@ class Simulator:
             for frame in frames:
                 self.batch(worker, frame)
 
-    # -- the lifeline: a PING every heartbeat_s, its answer read (and dropped) when it comes --
+    # -- the lifeline (processes.lifeline): a beat every heartbeat_s, one in heartbeat_timeout /
+    # ANSWER_EVERY asking for an answer (read and dropped when it comes) ------------------------
     def beat(self, worker: SimWorker) -> None:
+        now = time.monotonic()
+        op = BEAT
+        if now - worker.asked >= self.heartbeat_timeout / ANSWER_EVERY:
+            op, worker.asked = PING, now
         try:
-            worker.link.send([bytes((PING,)), b""])
+            worker.link.send([bytes((op,)), b""])
         except LinkError:
             self.end(worker, 75)
             return
-        now = time.monotonic()
         self.counts["heartbeats"] += 1
         self.counts["beats_late"] += now - worker.beat_due > 1.0
         worker.beat_due = now + self.heartbeat_s
@@ -490,6 +498,6 @@ COLUMNS = [
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--simulator":
-        Simulator(float(sys.argv[2])).run()
+        Simulator(float(sys.argv[2]), float(sys.argv[3])).run()
     else:
         main()

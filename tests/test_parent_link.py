@@ -10,7 +10,7 @@ import fiberrl.runtime as mp
 from fiberrl.runtime.backends import listen_host
 from fiberrl.runtime.net.errors import PeerGone
 from fiberrl.runtime.net.transport import ERROR, MISSING, OK
-from fiberrl.runtime.processes.hub import LAUNCH, PING, get_hub
+from fiberrl.runtime.processes.hub import BEAT, LAUNCH, PING, get_hub
 from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
 
 
@@ -91,6 +91,22 @@ def test_the_job_sees_its_parent_hang_up_at_once(links):
     assert seen == [True] and not link.alive
     with pytest.raises(PeerGone):
         link.request(PING, timeout=10)
+
+
+def test_a_beat_is_heard_and_not_answered(links):
+    """The lifeline's beats between its answered pings: each one is heard (the parent's silence
+    check), none answered, so that the next request's answer is its own."""
+    heard = []
+
+    def handle(op, body, link):
+        heard.append(op)
+        return None if op == BEAT else (OK, bytes(body))
+    link = ParentLink(links(handle).address, connect_timeout=10)
+    for _ in range(3):
+        link.tell(BEAT)
+    assert bytes(link.request(PING, b"mine", timeout=10)[1]) == b"mine"
+    assert heard == [BEAT, BEAT, BEAT, PING]
+    assert not link._stream.readable(0.3)  # no answer to a beat came after
 
 
 def test_a_request_that_times_out_ends_the_link(links):

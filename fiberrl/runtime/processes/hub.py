@@ -27,8 +27,8 @@ from .startup import prepare_process
 
 log = logging.getLogger("fiberrl")
 
-# a job's requests over its link
-PING, LAUNCH, REPORT, OUTPUT = 3, 4, 5, 6
+# a job's requests over its link; BEAT, its word that it lives, is not answered
+PING, LAUNCH, REPORT, OUTPUT, BEAT = 3, 4, 5, 6, 7
 # requests to hosted objects (Q_CLOSE releases one writer handle; a pipe closes with its last)
 Q_PUT, Q_GET, Q_SIZE, Q_CLOSE, Q_HOLD, Q_PEND, Q_UNPEND = 10, 11, 12, 13, 14, 15, 16
 
@@ -155,8 +155,10 @@ class Hub:
         if self._child_links is not None:
             self._child_links.hang_up(process_id)
 
-    def _serve_child(self, op: int, body: memoryview, link: ChildLink) -> tuple[int, bytes]:
-        """A request over a job's link."""
+    def _serve_child(self, op: int, body: memoryview, link: ChildLink) -> tuple[int, bytes] | None:
+        """A request over a job's link; None: it wants no answer."""
+        if op == BEAT:
+            return None
         if op == PING:
             return OK, b""
         if op == LAUNCH:

@@ -48,7 +48,7 @@ def _last_heard(link: ChildLink) -> float:
 
 class ChildLinks:
     """The parent's side: accepts its jobs' links and answers their requests
-    with ``handle(op, body, link) -> (status, payload)``, on one thread for all."""
+    with ``handle(op, body, link) -> (status, payload)`` (None: no answer), on one thread for all."""
 
     def __init__(self, host: str, handle):
         self._handle = handle
@@ -97,9 +97,12 @@ class ChildLinks:
         link.heard = time.monotonic()
         for frame in frames:
             try:
-                status, payload = self._handle(frame[0], memoryview(frame)[1:], link) if frame else (ERROR, b"")
+                answer = self._handle(frame[0], memoryview(frame)[1:], link) if frame else (ERROR, b"")
             except Exception as exc:  # a bad request must not end the links of every job
-                status, payload = ERROR, repr(exc).encode()
+                answer = ERROR, repr(exc).encode()
+            if answer is None:  # a heartbeat: heard, and not answered
+                continue
+            status, payload = answer
             try:
                 stream.send([bytes((status,)), payload])
             except LinkError:
@@ -153,6 +156,17 @@ class ParentLink:
             if remaining <= 0 or not poller.poll(remaining * 1000):
                 self._lost.set()
                 raise TimeoutError(f"the parent at {self.address} did not answer in {timeout} s")
+
+    def tell(self, op: int, body=b"") -> None:
+        """Send one message that wants no answer."""
+        with self._lock:
+            if self._lost.is_set():
+                raise PeerGone(f"the parent at {self.address} is gone")
+            try:
+                self._stream.send([bytes((op,)), body])
+            except LinkError as exc:
+                self._lost.set()
+                raise PeerGone(str(exc)) from None
 
     def wait_lost(self, timeout: float) -> bool:
         """Block until the parent hangs up or ``timeout`` passes; True if it did."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 from .. import env_names
 
@@ -30,9 +31,25 @@ def _boot_id() -> str:
         return ""
 
 
+# how long a description of the tracker is handed out unchecked: checking it probes the tracker
+# process through its pipe, and a pool of thousands starts thousands of jobs at once
+RECHECK_S = 1.0
+_described: tuple[float, int, str] | None = None  # (when, pid, description)
+
+
 def describe_for_children() -> str:
     """This process's tracker, started if need be, as ``boot:pid:fd:device:inode``;
     empty where there is none to share."""
+    global _described
+    now, pid = time.monotonic(), os.getpid()
+    if _described is not None and _described[1] == pid and now - _described[0] < RECHECK_S:
+        return _described[2]
+    description = _describe()
+    _described = (now, pid, description)
+    return description
+
+
+def _describe() -> str:
     from multiprocessing import resource_tracker
     boot = _boot_id()
     if not boot:
