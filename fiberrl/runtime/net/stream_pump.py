@@ -85,8 +85,11 @@ class StreamPump:
     """``on_frames(stream, key, frames)`` for what each stream sends and
     ``on_closed(stream, key)`` once when it ends, on the thread that read it."""
 
-    def __init__(self, on_frames, on_closed, name: str):
+    def __init__(self, on_frames, on_closed, name: str, linger: float = 0.0):
+        """``linger``: seconds the background thread rests after each poll, so that what many
+        streams send in the meantime is read in one poll (for streams whose frames may wait)."""
         self._on_frames, self._on_closed = on_frames, on_closed
+        self._linger = linger
         self._poller = _OneShotEpoll() if hasattr(select, "epoll") else _Selector()
         self._streams: dict[int, tuple[Stream, object]] = {}
         self._wake_read, self._wake_write = os.pipe()
@@ -198,6 +201,8 @@ class StreamPump:
             self._poll_once(None)
             if self._caller is not None:
                 self._wake()  # what it read may be what the caller waits for
+            if self._linger:
+                time.sleep(self._linger)
 
     def _poll_once(self, timeout: float | None) -> None:
         try:

@@ -26,6 +26,11 @@ from ..net.transport import ERROR
 _HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
+# how long the links' reader rests between polls: thousands of jobs' beats are then read a few
+# dozen to a poll instead of one, and a job's request waits at most this long more
+LINGER = 0.005
+
+
 class ChildLink:
     """One job's link as its parent sees it: when the job last spoke over it (its heartbeat
     at least every ``heartbeat_interval``) and, once it asked for its task, which process it is."""
@@ -54,7 +59,7 @@ class ChildLinks:
         self._handle = handle
         self._extra: list[Listener] = []
         self._named: dict[bytes, ChildLink] = {}
-        self._pump = StreamPump(self._on_frames, self._on_closed, "fiberrl-child-links")
+        self._pump = StreamPump(self._on_frames, self._on_closed, "fiberrl-child-links", linger=LINGER)
         self._listener = Listener(host, self._adopt, hand_off=True, name="children")
         self.address = self._listener.address
 
