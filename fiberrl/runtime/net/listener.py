@@ -58,13 +58,14 @@ class ListenerError(OSError):
 class _Handshake:
     """A connection whose peer has not yet proved itself."""
 
-    __slots__ = ("sock", "kind", "deadline", "received", "client_nonce", "server_nonce")
+    __slots__ = ("sock", "kind", "deadline", "received", "client_nonce", "server_nonce", "stream")
 
     def __init__(self, sock: socket.socket, kind: str):
         self.sock, self.kind = sock, kind
         self.deadline = time.monotonic() + HANDSHAKE_TIMEOUT
         self.received = b""
         self.client_nonce = self.server_nonce = None
+        self.stream: Stream | None = None  # once proved over TCP: its stream, which has yet to name its service
 
 
 class Listener:
@@ -252,6 +253,9 @@ class _Gate:
 
     def _advance(self, handshake: _Handshake) -> None:
         """Read what has come of the client's nonce or proof, and answer it once whole."""
+        if handshake.stream is not None:
+            self._name(handshake)
+            return
         try:
             data = handshake.sock.recv(_PART_BYTES - len(handshake.received))
         except BlockingIOError:
@@ -299,7 +303,10 @@ class _Gate:
             self._selector.unregister(handshake.sock)
         except (KeyError, ValueError):
             pass
-        handshake.sock.close()
+        if handshake.stream is not None:
+            handshake.stream.close()
+        else:
+            handshake.sock.close()
 
     def _drop_expired(self) -> None:
         now = time.monotonic()
@@ -311,31 +318,45 @@ class _Gate:
             self._forget(oldest)
 
     def _admit(self, handshake: _Handshake) -> None:
-        """The peer has proved itself.  Over TCP its MACs are set up here and, where the name of the
-        service it asks for has come with its proof (as it does from this runtime's clients), a
-        service that keeps its streams takes it here too: a thread each cost the master of
-        thousands of workers ~0.7 ms a connection.  Otherwise it gets a thread of its own."""
-        del self._pending[handshake.sock]
-        self._selector.unregister(handshake.sock)
+        """The peer has proved itself.  Over TCP its MACs are set up here, and the gate waits for the
+        name of the service it asks for (as for its proof, without blocking): a service that keeps
+        its streams takes it on this thread (a thread each cost the master of thousands of workers
+        ~0.7 ms a connection).  A stream to any other service, or over a Unix socket (whose pipe
+        and ring are set up in blocking steps), gets a thread of its own."""
         if handshake.kind == "tcp":
             stream = self._finish(handshake)
             if stream is None:
+                self._pending.pop(handshake.sock, None)
+                self._selector.unregister(handshake.sock)
                 return
-            try:
-                asked = stream.recv_ready(limit=MAX_SERVICE_NAME, most=1)
-            except (PeerMisbehaved, OSError, LinkError) as exc:
-                log.debug("a stream from %s closed as it named its service (%s)", stream.peer, exc)
-                stream.close()
-                return
-            service = self._service(stream, asked[0]) if asked else None
-            if asked and (service is None or service.hand_off):
-                if service is not None:
-                    service.serve(stream)
-                return
-            threading.Thread(target=self._serve, args=(stream, service), name="fiberrl-stream", daemon=True).start()
+            handshake.stream = stream
+            self._name(handshake)
             return
+        del self._pending[handshake.sock]
+        self._selector.unregister(handshake.sock)
         threading.Thread(target=self._finish_and_serve, args=(handshake,), name="fiberrl-stream",
                          daemon=True).start()
+
+    def _name(self, handshake: _Handshake) -> None:
+        """A proved TCP stream's service name, if it has come: the stream goes to that service."""
+        stream = handshake.stream
+        try:
+            asked = stream.recv_ready(limit=MAX_SERVICE_NAME, most=1)
+        except (PeerMisbehaved, OSError, LinkError) as exc:
+            log.debug("a stream from %s closed as it named its service (%s)", stream.peer, exc)
+            self._forget(handshake)
+            return
+        if not asked:
+            return  # not yet: the selector says when more comes
+        self._pending.pop(handshake.sock, None)
+        self._selector.unregister(handshake.sock)
+        service = self._service(stream, asked[0])
+        if service is None:
+            return
+        if service.hand_off:
+            service.serve(stream)
+        else:
+            threading.Thread(target=self._serve, args=(stream, service), name="fiberrl-stream", daemon=True).start()
 
     def _finish(self, handshake: _Handshake) -> Stream | None:
         """The stream of a proved peer, its pipe and ring (Unix) or MACs (TCP) set up; None if it failed."""
