@@ -274,7 +274,7 @@ def test_a_sweep_run_whose_host_is_cut_off_goes_on_from_its_checkpoint_without_a
                 "docker_network": NETWORK, "silence_timeout": 4}
     sweep_dir = Path(ROOT) / "runs" / "test-sweeps" / f"cut-off-{os.getpid()}-{time.monotonic_ns()}"
     args = [*ES, "algo.iterations=12", "algo.checkpoint_every=2,3", "seed=0", "backend=docker",
-            *[f"backend.settings.{k}={v}" for k, v in settings.items()], f"hydra.sweep.dir={sweep_dir}",
+            *[f"backend.settings.{k}={v!r}" for k, v in settings.items()], f"hydra.sweep.dir={sweep_dir}",
             "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain", "hydra.launcher.retries=0"]
     api = docker_backend._client()
     cuts = []

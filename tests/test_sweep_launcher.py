@@ -283,7 +283,7 @@ def test_a_sweep_on_a_cluster_backend_retries_the_run_whose_job_it_lost(backend,
     settings = {k: v for k, v in helper.settings().items() if k != "backend"}
     sweep_dir = Path(ROOT) / "runs" / "test-sweeps" / f"{backend}-{os.getpid()}-{time.monotonic_ns()}"
     args = [*ES, "algo.iterations=12", "algo.checkpoint_every=2", "seed=0,1", f"backend={backend}",
-            *[f"backend.settings.{k}={v}" for k, v in settings.items()], f"hydra.sweep.dir={sweep_dir}",
+            *[f"backend.settings.{k}={v!r}" for k, v in settings.items()], f"hydra.sweep.dir={sweep_dir}",
             "hydra.sweep.subdir=${hydra.job.num}", "hydra.launcher.table=plain"]
     try:
         proc = sweep(args, ROOT, wait=False)

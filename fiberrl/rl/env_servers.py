@@ -430,8 +430,8 @@ class RemoteEnvs:
                 raise ServerUnheard("its job has not been heard for over silence_timeout: its host is cut off "
                                     "or stalled")
             if time.monotonic() >= deadline:
-                break
-        return handle.get(0.0)
+                raise TimeoutError(f"it gave no answer within {self.timeout} s (algo.env_timeout)")
+        return handle.get()
 
     def history(self) -> list[SlotHistory] | None:
         """Each slot's ``SlotHistory``; None for EnvPool, which cannot replay one (a resume starts its

@@ -45,7 +45,8 @@ class CommonSettings:
     """Address this process listens on; empty lets the backend choose one its
     jobs can reach (loopback for local)."""
     heartbeat_interval: float = 1.0
-    """Seconds between a child's checks that its parent is alive."""
+    """Seconds between a child's heartbeats to its parent; one in a quarter of
+    ``heartbeat_timeout`` asks for an answer, which tells the child its parent lives."""
     heartbeat_timeout: float = 30.0
     """A child whose parent has not answered for this long exits.  A parent that
     dies is seen at once (its connection closes); this only catches a hung
