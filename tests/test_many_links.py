@@ -1,6 +1,6 @@
 """What a master of thousands of jobs relies on, on real sockets: streams that hold little memory
 until their frames need it, a gate that spends no thread on a stream a service keeps, and links
-whose unread beats count as heard (experiments/sim_many_workers.py measures the whole)."""
+whose unread beats count as heard (experiments/micro/sim_many_workers.py measures the whole)."""
 import os
 import threading
 import time

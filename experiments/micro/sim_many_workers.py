@@ -1,6 +1,6 @@
 """Thousands of pool workers on one master, by simulation: what the master spends as the cluster grows.
 
-    python experiments/sim_many_workers.py [--workers 16,256,1024,4096,9000] [--task-s 0.2]
+    python experiments/micro/sim_many_workers.py [--workers 16,256,1024,4096,9000] [--task-s 0.2]
                                            [--zero-tasks 20000] [--rounds 3] [--simulators 2]
 
 A real ``Pool`` in this process starts W workers on a backend of the bench's own (``simulated``):
