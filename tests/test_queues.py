@@ -414,6 +414,7 @@ def drains_until_stop(tasks, results):
 def test_a_queue_its_creator_let_go_of_lives_on_while_other_processes_use_it():
     """Python's own mp_workers example: the main process puts the last tasks and
     "STOP", and drops its queue while the workers still read it."""
+    orphans = set(get_hub()._orphans)  # another test's, held by a job that vanished, if any
     results = mp.Queue()
     tasks = mp.Queue()
     p = mp.Process(target=drains_until_stop, args=(tasks, results))
@@ -428,4 +429,4 @@ def test_a_queue_its_creator_let_go_of_lives_on_while_other_processes_use_it():
     assert sorted(results.get(timeout=30) for _ in range(5)) == [2, 4, 6, 8, 10]
     p.join(30)
     assert p.exitcode == 0
-    assert not get_hub()._orphans  # gone with the last process that used it
+    assert get_hub()._orphans <= orphans  # gone with the last process that used it

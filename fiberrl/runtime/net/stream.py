@@ -65,6 +65,12 @@ READ_BUFFER = 1 << 16
 FIRST_READ_BUFFER = 1 << 12
 SMALL_FRAME = 1 << 14
 LOCAL_SOCKETS = sys.platform == "linux"
+# A peer whose host vanished (cut off and given up, powered off) sends no FIN: its connections would
+# stay open, and what the hub keeps for them (a queue's reader) held, for ever, or for TCP's ~15
+# minutes of resends.  An idle one is probed (TCP keepalive: idle seconds, seconds between probes,
+# probes) and one whose data goes unacknowledged is given up after heartbeat_timeout, as a job's
+# lifeline gives up a parent that long silent.
+KEEPALIVE = (15, 5, 3)
 # flags in a frame's length word: the body is where the frame lies in the
 # peer's ring; the frame hands over the sender's ring and pipe (or declines
 # them); the sender has closed the stream
@@ -77,12 +83,23 @@ OFFER_RING, OFFER_PIPE = 1, 2
 _FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, "CMSG_SPACE") else 0
 
 
+def _keep_alive(sock: socket.socket) -> None:
+    from ..config import get_config
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    options = [*zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE),
+               ("TCP_USER_TIMEOUT", int(get_config().heartbeat_timeout * 1000))]
+    for option, value in options:
+        if hasattr(socket, option):  # Linux's names; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 class Stream:
     """One authenticated connection; ``send`` is thread-safe, ``recv`` is for one reader at a time."""
 
     def __init__(self, sock: socket.socket, peer: str | None = None):
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keep_alive(sock)
         self.sock = sock
         self._send_lock = threading.Lock()
         # frames are read through this buffer: a small one costs one system call, not two
