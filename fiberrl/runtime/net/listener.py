@@ -342,7 +342,11 @@ class _Gate:
         stream = handshake.stream
         try:
             asked = stream.recv_ready(limit=MAX_SERVICE_NAME, most=1)
-        except (PeerMisbehaved, OSError, LinkError) as exc:
+        except PeerMisbehaved as exc:
+            log.warning("closed a stream from %s that misbehaved after its proof (%s)", stream.peer, exc)
+            self._forget(handshake)
+            return
+        except (OSError, LinkError) as exc:
             log.debug("a stream from %s closed as it named its service (%s)", stream.peer, exc)
             self._forget(handshake)
             return
