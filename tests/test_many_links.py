@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from test_shared_frames import echo, frame
 
 from fiberrl.runtime.backends import listen_host
 from fiberrl.runtime.net import dial, stream
@@ -14,11 +15,6 @@ from fiberrl.runtime.net.listener import Listener
 from fiberrl.runtime.net.transport import OK
 from fiberrl.runtime.processes.hub import BEAT, LAUNCH
 from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
-
-
-def echo(s: stream.Stream) -> None:
-    while True:
-        s.send([s.recv()])
 
 
 @pytest.fixture
@@ -30,10 +26,6 @@ def tcp_echo(monkeypatch):
     yield client
     client.close()
     listener.close()
-
-
-def frame(size: int, seed: int) -> bytes:
-    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
 
 
 def test_a_streams_read_buffer_grows_only_as_its_frames_need(tcp_echo):

@@ -423,18 +423,12 @@ class FiberrlLauncher(Launcher):
         if run.unheard:
             run.unheard = False
             run.cut_off += 1
-            run.why = f"its job went unheard (its host cut off or stalled), {run.cut_off} time(s)"
-            log.warning(f"#{run.num}: {run.why}; starting it again"
-                        + (" from its checkpoint" if self.resume_key else "") + " (not counted as a try)")
-            run.state = "retrying"
+            self._again_uncounted(run, f"its job went unheard (its host cut off or stalled), {run.cut_off} time(s)")
             return
         if told_to_stop(code):
-            # its host taken back (a preempted node, a deleted pod): no fault of the run's
+            # its host taken back (a preempted node, a deleted pod)
             run.preempted += 1
-            run.why = f"its job was told to stop ({_exit_text(code)}), {run.preempted} time(s)"
-            log.warning(f"#{run.num}: {run.why}; starting it again"
-                        + (" from its checkpoint" if self.resume_key else "") + " (not counted as a try)")
-            run.state = "retrying"
+            self._again_uncounted(run, f"its job was told to stop ({_exit_text(code)}), {run.preempted} time(s)")
             return
         run.why = f"its job died ({_exit_text(code)}); its output: {run.folder / OUTPUT_LOG}"
         if run.tries <= self.retries:
@@ -447,6 +441,13 @@ class FiberrlLauncher(Launcher):
         run.result = JobReturn(overrides=run.overrides, cfg=run.config, hydra_cfg=run.config,
                                working_dir=str(run.folder), status=JobStatus.FAILED,
                                _return_value=RunLost(f"job #{run.num}: {run.why}"))
+
+    def _again_uncounted(self, run: Run, why: str) -> None:
+        """Its host ended it, no fault of the run's: it starts again, not counted as a try."""
+        run.why = why
+        log.warning(f"#{run.num}: {why}; starting it again" + (" from its checkpoint" if self.resume_key else "")
+                    + " (not counted as a try)")
+        run.state = "retrying"
 
     def _stop(self, runs: list[Run]) -> None:
         """Ctrl-C or an error here: every run's job ends (the runtime ends each job's own)."""

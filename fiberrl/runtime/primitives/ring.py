@@ -24,6 +24,7 @@ for it in a collective), after giving it up (``Process.cut_off``).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import queue
 import random
@@ -41,6 +42,8 @@ from ..meta import resources_of
 from ..pool.results import with_remote_traceback
 from ..processes.process import Process
 from .queues import Queue
+
+log = logging.getLogger("fiberrl")
 
 # how often run() looks for a member that died without a word: a dead member
 # must not leave the others blocked in a collective for long
@@ -235,7 +238,10 @@ class Ring:
                 next_check = time.monotonic() + _UNHEARD_CHECK
                 for rank, p in enumerate(members):
                     if rank not in values and rank not in dead and p.exitcode is None and p.unheard():
-                        p.cut_off()
+                        try:
+                            p.cut_off()
+                        except Exception as exc:  # the backend cannot reach it either: its lifeline ends it
+                            log.warning("could not kill the job of Ring member rank %d: %s", rank, exc)
                         dead[rank] = RingError(f"Ring member rank {rank} has not been heard for over "
                                                f"silence_timeout: its host is cut off or stalled", rank)
             if failed and first_failure is None:
