@@ -230,12 +230,17 @@ def test_a_ring_member_cut_off_is_given_up_and_named(config, api, fault, monkeyp
     """A member's host cut off while the members all-reduce: the others would wait for it in gloo's
     collective for its whole timeout; instead the Ring names it within a heartbeat of
     ``silence_timeout`` (so that PPO's learners start again from their checkpoint), and no
-    member's container is left.  Its connections to this process's queues, which no end of
-    theirs will ever reach, are found dead by TCP's keepalive and let go of."""
+    member's container is left.  A paused member's connections to this process's queues, which
+    no end of theirs will ever reach, are found dead by TCP's keepalive and let go of (a cut-off
+    one's, with data in flight, only once TCP gives up its resends, ~15 minutes)."""
     from fiberrl.runtime.net import stream
     from fiberrl.runtime.processes.hub import get_hub
-    monkeypatch.setattr(stream, "KEEPALIVE", (1, 1, 2))
-    config(silence_timeout=4, heartbeat_timeout=8)
+    if fault == "pause":
+        # quick keepalive: a paused host's kernel answers its probes until the member is killed, then
+        # they find its connections gone (a cut-off host answers none: its links would close before
+        # silence_timeout, and a job whose link is gone is no longer one to hear from)
+        monkeypatch.setattr(stream, "KEEPALIVE", (1, 1, 2))
+    config(silence_timeout=4)
     orphans = set(get_hub()._orphans)
     ring = mp.Ring(2, all_reduce_for_a_minute, gloo_init)
     outcome = {}
@@ -260,7 +265,8 @@ def test_a_ring_member_cut_off_is_given_up_and_named(config, api, fault, monkeyp
     assert error.rank == 1 and "not been heard for over silence_timeout" in str(error)
     assert 3 <= noticed_at - cut_at < 8, f"noticed {noticed_at - cut_at:.1f} s after the cut"
     assert wait_until(lambda: not any(running(api, p._job.handle.id) for p in ring._members), 30)
-    assert wait_until(lambda: get_hub()._orphans <= orphans, 30), "the lost member's queues are still held"
+    if fault == "pause":
+        assert wait_until(lambda: get_hub()._orphans <= orphans, 30), "the lost member's queues are still held"
 
 
 def test_a_sweep_run_whose_host_is_cut_off_goes_on_from_its_checkpoint_without_a_try(hosts, tmp_path):

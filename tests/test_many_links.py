@@ -8,6 +8,8 @@ import time
 import pytest
 from test_shared_frames import echo, frame
 
+import fiberrl.runtime as mp
+
 from fiberrl.runtime.backends import listen_host
 from fiberrl.runtime.net import dial, stream
 from fiberrl.runtime.net.errors import PeerGone
@@ -117,3 +119,30 @@ def test_a_link_whose_beat_waits_unread_is_not_taken_for_silent():
         for link in links:
             link.close()
         parent.close()
+
+
+def test_a_peer_that_reads_slowly_keeps_its_tcp_stream_past_heartbeat_timeout(monkeypatch):
+    """A send blocked on a reader that is alive but busy waits as long as it takes (multiprocessing's
+    Pipe does): only a peer that acknowledges nothing is given up after ``heartbeat_timeout``."""
+    monkeypatch.setattr(stream, "LOCAL_SOCKETS", False)
+    mp.configure(heartbeat_timeout=1)
+    kept = []
+    listener = Listener("127.0.0.1", kept.append, hand_off=True)
+    client = dial.connect(listener.address)
+    try:
+        deadline = time.monotonic() + 10
+        while not kept and time.monotonic() < deadline:
+            time.sleep(0.01)
+        big = frame(16 << 20, 1)  # far past what the sockets' buffers hold
+        sender = threading.Thread(target=client.send, args=([big],))
+        sender.start()
+        time.sleep(4)  # the reader reads nothing meanwhile: the sender waits on its shut window
+        assert sender.is_alive()
+        assert kept[0].recv() == big
+        sender.join(10)
+        assert not sender.is_alive()
+    finally:
+        mp.config.reset()
+        for s in [client, *kept]:
+            s.close()
+        listener.close()

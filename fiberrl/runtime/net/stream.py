@@ -65,11 +65,12 @@ READ_BUFFER = 1 << 16
 FIRST_READ_BUFFER = 1 << 12
 SMALL_FRAME = 1 << 14
 LOCAL_SOCKETS = sys.platform == "linux"
-# A peer whose host vanished (cut off and given up, powered off) sends no FIN: its connections would
-# stay open, and what the hub keeps for them (a queue's reader) held, for ever, or for TCP's ~15
-# minutes of resends.  An idle one is probed (TCP keepalive: idle seconds, seconds between probes,
-# probes) and one whose data goes unacknowledged is given up after heartbeat_timeout, as a job's
-# lifeline gives up a parent that long silent.
+# TCP keepalive (idle seconds, seconds between probes, probes): a peer whose host vanished (cut off
+# and given up, powered off) sends no FIN, and an idle connection of its (a queue's) would stay open,
+# and what the hub keeps for it held, for ever.  One with data in flight is given up only when TCP's
+# resends are (~15 minutes): TCP_USER_TIMEOUT would end it sooner, but it also ends a connection to a
+# peer that is alive and only reads slowly (measured: a send blocked 10 s on a reader that was not
+# reading was dropped), where a blocked send must wait as long as it takes.
 KEEPALIVE = (15, 5, 3)
 # flags in a frame's length word: the body is where the frame lies in the
 # peer's ring; the frame hands over the sender's ring and pipe (or declines
@@ -84,11 +85,8 @@ _FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize) if hasattr(socket, 
 
 
 def _keep_alive(sock: socket.socket) -> None:
-    from ..config import get_config
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    options = [*zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE),
-               ("TCP_USER_TIMEOUT", int(get_config().heartbeat_timeout * 1000))]
-    for option, value in options:
+    for option, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
         if hasattr(socket, option):  # Linux's names; elsewhere the system's defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
