@@ -46,6 +46,7 @@ def test_a_burst_of_small_frames_arrives_whole_and_in_order(tcp_echo):
     sent = [frame(100 + i % 300, i) for i in range(3000)]
     sender = threading.Thread(target=lambda: [tcp_echo.send([f]) for f in sent])
     sender.start()
+    time.sleep(0.5)  # the echoes pile up in the socket meanwhile: the first read fills the buffer
     got = [bytes(tcp_echo.recv()) for _ in sent]
     sender.join()
     assert got == sent
