@@ -341,7 +341,8 @@ def test_docker_stop_of_an_env_server_moves_its_envs_without_losing_a_step(docke
     uninterrupted run steps."""
     import numpy as np
 
-    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    from fiberrl.rl.env_servers import EnvSpec
+    from fiberrl.rl.remote_envs import RemoteEnvs
     docker_config(preempt_grace=20)
     actions = [np.random.default_rng(t).integers(2, size=2) for t in range(60)]
 

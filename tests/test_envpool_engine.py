@@ -16,7 +16,8 @@ import pytest
 
 from fiberrl.app import UsageError, run
 from fiberrl.app_config import compose
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.rl.env_servers import EnvSpec
+from fiberrl.rl.remote_envs import RemoteEnvs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.ppo_toy_env, for the env servers too
 

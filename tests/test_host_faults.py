@@ -156,7 +156,8 @@ def test_an_env_server_cut_off_holding_a_step_is_rebuilt_and_the_step_comes_back
     (no restart, no episode cut short)."""
     from helpers.env_steps import same_steps, steps_of
 
-    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    from fiberrl.rl.env_servers import EnvSpec
+    from fiberrl.rl.remote_envs import RemoteEnvs
     config(silence_timeout=4)
     rng = np.random.default_rng(0)
     actions = [rng.integers(2, size=4) for _ in range(60)]

@@ -18,7 +18,8 @@ from fiberrl.algos.ppo import gae
 from fiberrl.app import UsageError, run
 from fiberrl.app_config import compose
 from fiberrl.evaluate import evaluate
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.rl.env_servers import EnvSpec
+from fiberrl.rl.remote_envs import RemoteEnvs
 
 # tests/, where helpers/ is, for the env servers too: they get our sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -163,7 +163,8 @@ def test_an_env_server_told_to_stop_hands_its_envs_over_and_loses_no_step(grace,
     """CartPole on 2 servers of 2 envs: server 0 told to stop as a step is sent to it, or while the
     learner would be updating.  Every step after is what the uninterrupted
     run steps: the envs moved to a new server exactly where they were; no restart, no episode cut."""
-    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    from fiberrl.rl.env_servers import EnvSpec
+    from fiberrl.rl.remote_envs import RemoteEnvs
     grace(20)
     rng = np.random.default_rng(0)
     actions = [rng.integers(2, size=4) for _ in range(120)]

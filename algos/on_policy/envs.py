@@ -7,7 +7,8 @@ import gymnasium as gym
 
 from fiberrl.rl import envpool_engine
 from fiberrl.rl.atari import NotAtari
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.rl.env_servers import EnvSpec
+from fiberrl.rl.remote_envs import RemoteEnvs
 from fiberrl.validation import UsageError, shown
 
 

@@ -30,7 +30,8 @@ import numpy as np
 from bench_host_faults import bench_network, docker_settings, fault_name, inject
 
 import fiberrl.runtime as mp
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.rl.env_servers import EnvSpec
+from fiberrl.rl.remote_envs import RemoteEnvs
 
 
 def rollout(args, fault: str | None) -> dict:

@@ -140,7 +140,8 @@ ENGINE_ENVS = {"cartpole": ("CartPole-v1", False), "breakout": ("BreakoutNoFrame
 
 
 def remote_envpool_stepper(stack: contextlib.ExitStack, env: str, num_envs: int, servers: int) -> Stepper:
-    from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+    from fiberrl.rl.env_servers import EnvSpec
+    from fiberrl.rl.remote_envs import RemoteEnvs
     env_id, atari = ENGINE_ENVS[env]
     envs = RemoteEnvs(EnvSpec(env_id, atari=atari, engine="envpool"), servers, num_envs // servers, seed=0)
     stack.callback(envs.close)

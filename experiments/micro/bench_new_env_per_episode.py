@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from fiberrl.rl.env_servers import EnvSpec, RemoteEnvs
+from fiberrl.rl.env_servers import EnvSpec
+from fiberrl.rl.remote_envs import RemoteEnvs
 
 ENV_IDS = {"cartpole": "CartPole-v1", "lunar_lander": "LunarLander-v3", "bipedal_walker": "BipedalWalker-v3"}
 

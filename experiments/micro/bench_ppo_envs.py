@@ -30,7 +30,8 @@ from rich.console import Console
 from fiberrl.algos.on_policy.evaluation import env_actions
 from fiberrl.algos.ppo import make_agent, train
 from fiberrl.app_config import compose
-from fiberrl.rl.env_servers import EnvSpec, Episode, RemoteEnvs, Step
+from fiberrl.rl.env_servers import EnvSpec, Episode, Step
+from fiberrl.rl.remote_envs import RemoteEnvs
 from fiberrl.run import RunDirectory
 
 SPEC = EnvSpec("ALE/Breakout-v5", atari=True)
