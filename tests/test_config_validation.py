@@ -132,7 +132,7 @@ POET = [(f"algo=poet {args}", key) for args, key in [
 ]]
 RUNTIME = [(f"+backend.settings.{key}={value}", key) for key, value in [
     ("backend", "nope"),
-    ("heartbeat_interval", "0"),
+    ("heartbeat_interval", "-0.5"),
     ("heartbeat_timeout", "-1"),
     ("start_timeout", "nan"),
     ("schedule_timeout", "-1"),

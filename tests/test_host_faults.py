@@ -17,6 +17,7 @@ from helpers import host_faults
 from helpers.pool_workers import worker_running_a_chunk
 
 import fiberrl.runtime as mp
+from fiberrl.runtime.processes.lifeline import beat_interval
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("a_docker_daemon", "no_containers_left")]
 
@@ -86,7 +87,7 @@ def test_a_host_silent_past_the_deadline_is_given_up_and_its_tasks_rerun(config,
         stats = pool.statistics()
         assert (stats.workers_cut_off, stats.worker_restarts, stats.tasks_failed) == (1, 0, 0)
         assert stats.tasks_resubmitted >= 1
-        # silence counts from the last heartbeat heard, up to a heartbeat_interval before the cut
+        # silence counts from the last heartbeat heard, up to a beat_interval() (1 s) before the cut
         assert 3 <= noticed < 7, f"noticed {noticed:.1f} s after the cut, silence_timeout 4 s"
         assert wait_until(lambda: not running(api, container), 30)
         assert pool.map(square, range(6)) == [x * x for x in range(6)]
@@ -137,7 +138,7 @@ def test_a_job_cut_off_from_its_parent_ends_itself(config, api):
         cut_at = time.monotonic()
         assert wait_until(lambda: not running(api, container), 30)
         ended = time.monotonic() - cut_at
-        assert ended < 4 + 2 * mp.get_config().heartbeat_interval + 2, f"ended {ended:.1f} s after the cut"
+        assert ended < 4 + 2 * beat_interval() + 2, f"ended {ended:.1f} s after the cut"
     finally:
         process.kill()
         process.join(30)

@@ -8,7 +8,7 @@ each job is handed to a simulator process, where it does what a real worker's jo
 authenticated TCP streams with a MAC on every frame (the path jobs on other hosts take, not the
 local Unix sockets): it connects to the master's hub, fetches its task (LAUNCH: the pickled
 ``Process`` whose target is the pool's worker loop; its arguments name the pool and the worker),
-beats over that link as its lifeline does (every ``heartbeat_interval``, one beat in
+beats over that link as its lifeline does (every ``lifeline.beat_interval()``, one beat in
 ``heartbeat_timeout / ANSWER_EVERY`` asking for an answer), connects to the pool and
 speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
 ``pool.worker.run_worker`` does: hello, asking for work, saying when it loads a function and
@@ -108,7 +108,9 @@ class SimulatedBackend(Backend):
         self._counts: queue.Queue = queue.Queue()
         env = dict(os.environ, **{auth.SECRET_ENV: auth.run_secret().hex()})
         config = mp.get_config()
-        beats = [str(config.heartbeat_interval), str(config.heartbeat_timeout)]
+        # getattr: before beat_interval(), a job beat every heartbeat_interval
+        every = getattr(lifeline, "beat_interval", lambda: config.heartbeat_interval)()
+        beats = [str(every), str(config.heartbeat_timeout)]
         self._sims = [subprocess.Popen([sys.executable, __file__, "--simulator", *beats], env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
                       for _ in range(self.simulators)]

@@ -44,9 +44,12 @@ class CommonSettings:
     host: str = ""
     """Address this process listens on; empty lets the backend choose one its
     jobs can reach (loopback for local)."""
-    heartbeat_interval: float = 1.0
+    heartbeat_interval: float = 0.0
     """Seconds between a child's heartbeats to its parent; one in a quarter of
-    ``heartbeat_timeout`` asks for an answer, which tells the child its parent lives."""
+    ``heartbeat_timeout`` asks for an answer, which tells the child its parent lives.
+    0: as often as the parent listens for them, a quarter of ``silence_timeout``
+    (2.5 s) where silence is watched, and on the local backend, where it is not, only
+    the answered ones."""
     heartbeat_timeout: float = 30.0
     """A child whose parent has not answered for this long exits.  A parent that
     dies is seen at once (its connection closes); this only catches a hung
@@ -54,7 +57,7 @@ class CommonSettings:
     workers on 2 cores left heartbeats unanswered for over 3 s."""
     silence_timeout: float = 10.0
     """A job on another host (any backend but local) that has not been heard for this
-    long (its heartbeat comes every ``heartbeat_interval``) is counted cut off: its
+    long (it beats four times in it) is counted cut off: its
     host partitioned or stalled.  Its job is killed through the backend, and the
     job, once it can hear, finds itself given up and exits, so it is replaced, never
     back as well: a pool hands its work to other workers and starts its successor,
@@ -162,12 +165,13 @@ def _seconds(value: float) -> bool:
 
 
 _SECONDS = (_seconds, "a finite number of seconds > 0")
-# 0: a job not running at once is given up on (what the backends' tests set); a silent job never is
+# 0: a job not running at once is given up on (what the backends' tests set); a silent job never is;
+# a child beats as often as its parent listens
 _SECONDS_OR_NONE = (lambda value: math.isfinite(value) and value >= 0, "a finite number of seconds >= 0")
 # what a setting may hold beyond its type, checked wherever it comes from: setting -> (test, what is allowed)
 _LIMITS = {
     "backend": (lambda name: name == "auto" or name in BACKEND_NAMES, f"one of auto, {', '.join(BACKEND_NAMES)}"),
-    "heartbeat_interval": _SECONDS,
+    "heartbeat_interval": _SECONDS_OR_NONE,
     "heartbeat_timeout": _SECONDS,
     "start_timeout": _SECONDS,
     "preempt_grace": _SECONDS,

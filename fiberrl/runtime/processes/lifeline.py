@@ -3,11 +3,12 @@ so a parent killed with SIGKILL leaves no orphan behind.
 
 The link to the parent reports its loss at once (the kernel closes a dead
 process's sockets and pipes); a heartbeat catches a parent that hangs or a
-host that vanished without closing anything.  The child beats every
-``heartbeat_interval``, so that the parent hears it (``silence_timeout``),
-and asks for an answer only every ``heartbeat_timeout / ANSWER_EVERY``: it
-still finds a hung parent within ``heartbeat_timeout``, and a master of
-thousands of workers answers a few beats in each second instead of all.
+host that vanished without closing anything.  The child beats as often as
+its parent listens for it (``beat_interval``: BEATS_PER_SILENCE times in
+``silence_timeout``), and asks for an answer only every ``heartbeat_timeout /
+ANSWER_EVERY``: it still finds a hung parent within ``heartbeat_timeout``, and
+a master of thousands of workers answers a few beats in each second instead
+of all.
 """
 from __future__ import annotations
 
@@ -21,12 +22,18 @@ from ..net.errors import PeerGone
 from .children import active_children
 from .hub import BEAT, PING
 from .parent_link import ParentLink
+from .process import silence_limit
 
 ORPHAN_EXIT_CODE = 75
 # a beat is answered once in this part of heartbeat_timeout: a master of 9,000 simulated workers
 # beating every second spent 0.47-0.54 s of CPU a second on them, answering each, and 0.22-0.28
 # with this, small frames signed as one buffer and its links read in batches (docs/benchmarks.md)
 ANSWER_EVERY = 4
+# beats in a silence_timeout: one late by up to three quarters of it is still in time, and a job
+# cut off is noticed no later than silence_timeout after its last beat, as with a beat a second;
+# a beat every 2.5 s instead of every second took a master's idle CPU with 9,000 simulated
+# workers from 0.22-0.28 s a second to ... (docs/benchmarks.md)
+BEATS_PER_SILENCE = 4
 # seconds between heartbeats once ``beat_less_often`` was called; None: the configured interval
 _slow_interval: float | None = None
 
@@ -39,9 +46,20 @@ def beat_less_often(seconds: float) -> None:
     _slow_interval = seconds
 
 
+def beat_interval() -> float:
+    """Seconds between a child's beats: ``heartbeat_interval`` when set, else as often as its parent
+    listens (``silence_limit``); where it does not (the local backend), the beats would go unheard
+    and only the answered ones, which tell the child its parent lives, are sent."""
+    config = get_config()
+    if config.heartbeat_interval:
+        return config.heartbeat_interval
+    silence = silence_limit()
+    return silence / BEATS_PER_SILENCE if silence else config.heartbeat_timeout / ANSWER_EVERY
+
+
 def watch_parent(parent: ParentLink) -> threading.Thread:
     config = get_config()
-    thread = threading.Thread(target=_watch, args=(parent, config.heartbeat_interval, config.heartbeat_timeout),
+    thread = threading.Thread(target=_watch, args=(parent, beat_interval(), config.heartbeat_timeout),
                               name="fiberrl-lifeline", daemon=True)
     thread.start()
     return thread
