@@ -110,6 +110,9 @@ class Config(ESSettings):
     # once no task waits, idle workers also run the tasks others still run and the first result counts
     # (the pool's backup_tasks): a slow host no longer sets an iteration's pace; every result is the same
     backup_tasks: bool = setting(False, ANY)
+    # the noise table's seed, one for every run as OpenAI's ES has it (the run's seed picks its slices): runs
+    # on one host at the same time (a sweep's, a population's) share one table, drawn once
+    noise_seed: int = setting(0, at_least(0))
 
 
 def check_settings(cfg) -> None:
@@ -130,7 +133,7 @@ def check_settings(cfg) -> None:
         check_noise_size(algo, env)
     finally:
         env.close()
-    check_noise_room(algo.noise_size, cfg.seed)
+    check_noise_room(algo.noise_size, algo.noise_seed)
 
 
 def check_noise_size(algo, env, prefix: str = "algo.") -> None:
@@ -329,13 +332,13 @@ def train(cfg, run, on_iteration=None) -> dict:
     """Run ES as ``cfg`` (the composed app config) says, writing into ``run``
     (a ``fiberrl.run.RunDirectory``).  ``on_iteration(iteration, pool)`` is
     called after every update.  Returns the final parameters and a summary."""
-    noise = NoiseTable(cfg.seed, cfg.algo.noise_size)
+    noise = NoiseTable(cfg.algo.noise_seed, cfg.algo.noise_size, hold=True)
     try:
         return _train(cfg, run, noise, on_iteration)
     finally:
         # on every way out, a failed resume too: this host's copy (made by this run or left by a
-        # crashed one) is 1 GB of memory
-        noise.unlink()
+        # crashed one) is 1 GB of memory, removed once no other run here holds it
+        noise.release()
 
 
 def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
@@ -467,5 +470,6 @@ ALGORITHM = Algorithm(
     # schedule's current one (ES.restore)
     tunable=frozenset({"sigma", "learning_rate"}),
     mutations={"sigma": "tag(log, interval(0.002, 0.5))", "learning_rate": "tag(log, interval(1e-4, 0.2))"},
+    ran_before=lambda cfg: {"noise_seed": cfg.seed},
     metrics=frozenset({"reward_mean", "reward_max", "reward_min", "master_s", "grad_norm", "theta_norm",
                        "episodes", "episode_cap", "at_cap_share"}))

@@ -331,11 +331,11 @@ def train(cfg, run, on_iteration=None) -> dict:
     """Run POET as ``cfg`` says, writing into ``run`` (a ``fiberrl.run.RunDirectory``).
     ``on_iteration(iteration, pool)`` is called after every iteration."""
     check_settings(cfg)
-    noise = NoiseTable(cfg.seed, cfg.algo.es.noise_size)
+    noise = NoiseTable(cfg.seed, cfg.algo.es.noise_size, hold=True)
     try:
         return _train(cfg, run, noise, on_iteration)
     finally:
-        noise.unlink()  # on every way out, a failed resume too: the table is this host's memory
+        noise.release()  # on every way out, a failed resume too: the table is this host's memory
 
 
 def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:

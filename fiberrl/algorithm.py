@@ -59,6 +59,9 @@ class Algorithm:
     # PBT's usual mutations of it: setting -> its space, in Hydra's sweep syntax ("tag(log, interval(1e-5, 1e-2))")
     mutations: dict[str, str] = field(default_factory=dict)
     metrics: frozenset[str] = frozenset()       # what it logs in metrics.jsonl beside the loop's LOOP_METRICS
+    # (cfg) -> algo.* settings newer than some checkpoints, as those ran without them where that is not
+    # the setting's default (ES: noise_seed, the run's own seed before); a resume compares them so
+    ran_before: Callable[[Any], dict] | None = None
     takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
     has_env_servers: bool = False               # steps its envs on env servers, whose engine env.engine picks
 

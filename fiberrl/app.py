@@ -33,7 +33,9 @@ def fingerprint(cfg) -> dict:
 
 def setting_defaults(cfg) -> dict:
     """Every env.* and algo.* setting's default: what a checkpoint made before a setting existed ran with."""
-    return dict(env=asdict(EnvConfig()), algo=asdict(algorithm(cfg.algo.name).config()))
+    record = algorithm(cfg.algo.name)
+    ran_before = record.ran_before(cfg) if record.ran_before else {}
+    return dict(env=asdict(EnvConfig()), algo={**asdict(record.config()), **ran_before})
 
 
 def configure_backend(backend) -> None:

@@ -56,6 +56,17 @@ def test_a_setting_missing_from_an_older_checkpoint_is_taken_at_its_default_and_
             tmp_path / "decayed")
 
 
+def test_an_es_checkpoint_from_before_noise_seed_ran_on_its_own_seeds_table(tmp_path):
+    """Runs share one noise table now (algo.noise_seed, 0); before, a run's table was drawn from its seed."""
+    run(compose([*ES, "algo.iterations=1"]), tmp_path / "old")
+    as_format_1(tmp_path / "old", without=(("algo", "noise_seed"),))
+    shared_table = [o for o in ES if not o.startswith("algo.noise_seed=")]
+    with pytest.raises(CheckpointMismatch, match=rf"algo\.noise_seed={SEED} there, 0 here"):
+        run(compose([*shared_table, "algo.iterations=2", f"resume={tmp_path / 'old'}"]), tmp_path / "old")
+    resumed = run(compose([*ES, "algo.iterations=2", f"resume={tmp_path / 'old'}"]), tmp_path / "old")
+    assert resumed["iterations"] == 2
+
+
 def test_a_ppo_checkpoint_of_format_1_goes_on_counting_its_env_steps(tmp_path):
     whole = run(compose([*PPO, "algo.total_timesteps=64"]), tmp_path / "whole")
     def stopped_after_update_1(update, envs):

@@ -4,6 +4,8 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -93,6 +95,34 @@ def test_noise_table_is_made_once_per_host_and_shared():
         assert not table.created and table.path == reports[0][2]
         np.testing.assert_array_equal(table.noise, expected)
         assert table.path.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+    finally:
+        NoiseTable(seed, size).unlink()
+
+
+def test_runs_holding_one_table_share_it_and_the_last_to_let_go_removes_it():
+    """Runs at once on a host (a sweep's) draw a table once and hold 1 GB of it, not 1 GB each; a run
+    killed lets go with its process."""
+    seed, size = 988, 100_003
+    try:
+        first = NoiseTable(seed, size, hold=True)
+        second = NoiseTable(seed, size, hold=True)  # another run's (a lock of its own, as a process has)
+        assert first.created and not second.created
+        first.release()
+        assert os.path.exists(second.path)  # the second still uses it
+        NoiseTable(seed, size)  # a worker maps it from its recipe: not one of its users
+        second.release()
+        assert not glob.glob(table_path(seed, size) + "*")
+
+        holder = subprocess.Popen([sys.executable, "-c", f"from fiberrl.rl.noise import NoiseTable; "
+                                   f"NoiseTable({seed}, {size}, hold=True); print(flush=True); input()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert holder.stdout.readline() == b"\n"
+        mine = NoiseTable(seed, size, hold=True)
+        assert not mine.created
+        holder.kill()
+        holder.wait(30)
+        mine.release()
+        assert not glob.glob(table_path(seed, size) + "*")
     finally:
         NoiseTable(seed, size).unlink()
 

@@ -7,6 +7,11 @@ instead of being sent a vector.  The table lives in a file on shared memory
 process on a host generates it (others wait on a lock rather than generate
 it twice), later ones map it in milliseconds.  Every host generates the
 same numbers from the same seed.
+
+Runs that use the same table at the same time on one host (a sweep's runs,
+a population's members) share it: each run holds it (a shared lock on its
+``.users`` file) and the last to let go removes it, so a table is 1 GB of a
+host's memory however many runs use it, and is drawn once while any does.
 """
 from __future__ import annotations
 
@@ -55,17 +60,47 @@ def _fill(table: np.ndarray, seed: int) -> None:
 
 
 class NoiseTable:
-    """``size`` float32 numbers from N(0, 1), a pure function of ``seed``."""
+    """``size`` float32 numbers from N(0, 1), a pure function of ``seed``.  ``hold``: this process is one
+    of the table's users on this host (a run, not its workers), and ``release()`` lets go of it."""
 
-    def __init__(self, seed: int, size: int):
+    def __init__(self, seed: int, size: int, hold: bool = False):
         if size < 1:
             raise ValueError(f"the noise table needs at least one number, got size={size}")
         self.seed, self.size = int(seed), int(size)
         self.path = table_path(self.seed, self.size)
         self.created = False
+        # held before looking for the table: a last user removing it finishes first
+        self._users = self._hold() if hold else None
         if not self._complete():
             self._generate_once()
         self.noise = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.size,))
+
+    def _hold(self) -> int:
+        """A shared lock on the table's ``.users`` file, held until ``release()`` (or this process ends)."""
+        users = self.path + ".users"
+        while True:
+            fd = os.open(users, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                if os.fstat(fd).st_ino == os.stat(users).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its last user removed it while this one waited: hold the table made anew
+
+    def release(self) -> None:
+        """Let go of a held table; the last user on this host removes it (1 GB of its memory by default)."""
+        fd, self._users = self._users, None
+        if fd is None:
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # another run on this host still uses it
+            self.unlink()
+        finally:
+            os.close(fd)
 
     def _complete(self) -> bool:
         try:
@@ -103,7 +138,7 @@ class NoiseTable:
 
     def unlink(self) -> None:
         """Remove the file; processes that mapped it keep their mapping."""
-        for path in (self.path, self.path + ".lock"):
+        for path in (self.path, self.path + ".lock", self.path + ".users"):
             try:
                 os.unlink(path)
             except FileNotFoundError:

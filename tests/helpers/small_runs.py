@@ -4,7 +4,7 @@
 def small_es(seed: int, noise_size: int) -> list[str]:
     """ES on CartPole; a file's own ``seed`` and ``noise_size`` give it a noise table no other file's runs use."""
     return ["env=cartpole", "algo.population=4", "algo.eval_episodes=1", f"algo.noise_size={noise_size}",
-            f"seed={seed}", "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
+            f"seed={seed}", f"algo.noise_seed={seed}", "workers=1", "tensorboard=false", "algo.checkpoint_every=1"]
 
 
 # the gymnasium engine: a resume compared with the uninterrupted run must rebuild the envs exactly
