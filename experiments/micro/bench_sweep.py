@@ -1,7 +1,8 @@
 """A sweep of small ES CartPole runs under each Hydra launcher: wall time and the launcher's own cost per run.
 
     python experiments/micro/bench_sweep.py [--runs 8] [--iterations 8] [--population 64] [--repeats 2]
-                                            [--backend local|docker|slurm]
+                                            [--backend local|docker|slurm] [--launchers basic,fiberrl,...]
+                                            [--run-overrides 'algo.noise_seed=${seed}' ...]
 
 The same runs (``seed=0..runs-1``, one worker each) are swept by Hydra's basic launcher (one after
 another, in the sweep's process), ``hydra/launcher=fiberrl`` (each run a job, as many at once as
@@ -57,6 +58,10 @@ def main() -> None:
     parser.add_argument("--backend", default="local", choices=["local", "docker", "slurm"])
     parser.add_argument("--peers", default=str(ROOT / "experiments" / ".peers" / "sweep"))
     parser.add_argument("--no-one-at-a-time", action="store_true", help="skip the per-run cost sweeps")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="which to sweep with (basic among them)")
+    parser.add_argument("--run-overrides", nargs="*", default=[],
+                        help="more overrides for every run, e.g. 'algo.noise_seed=${seed}' (each run draws a noise "
+                             "table of its own, as before runs shared one)")
     parser.add_argument("--faults", action="store_true",
                         help="instead: a sweep in which one run's job is SIGKILLed mid-way and another run raises")
     args = parser.parse_args()
@@ -64,12 +69,15 @@ def main() -> None:
         return faults(args)
 
     backend = backend_overrides(args.backend)
-    names = list(LAUNCHERS) if args.backend == "local" else ["basic", "fiberrl"]
+    names = [n for n in args.launchers.split(",") if args.backend == "local" or n in ("basic", "fiberrl")]
+    if not {"basic", "fiberrl"} <= set(names) or any(n not in LAUNCHERS for n in names):
+        sys.exit(f"bench_sweep: --launchers {args.launchers}: a list of {', '.join(LAUNCHERS)} that holds basic "
+                 f"and fiberrl")
     if any(LAUNCHERS[name][2] for name in names):
         install_peers(Path(args.peers))
     runs = ["algo=es", "env=cartpole", "workers=1", f"algo.iterations={args.iterations}",
             f"algo.population={args.population}", "tensorboard=false",
-            "seed=" + ",".join(map(str, range(args.runs))), *backend]
+            "seed=" + ",".join(map(str, range(args.runs))), *backend, *args.run_overrides]
     scratch = Path(tempfile.mkdtemp(prefix="bench-sweep-", dir=ROOT / "runs" if args.backend == "docker" else None))
     print(f"bench_sweep: {args.runs} ES CartPole runs ({args.iterations} iterations of {args.population} "
           f"perturbations, 1 worker each) on the "
