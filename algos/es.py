@@ -367,7 +367,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
         return loop.summary(theta=es.theta)
 
     spec = EvaluatorSpec(cfg.env.id, dict(cfg.env.kwargs), eval_episode_steps(algo, cfg.env), algo.policy,
-                         list(algo.hidden), cfg.seed, algo.noise_size, algo.obs_clip, algo.episodes_per_eval,
+                         list(algo.hidden), noise.seed, noise.size, algo.obs_clip, algo.episodes_per_eval,
                          algo.reward_clip)
     server = ParamServer()
     server.start()

@@ -352,7 +352,7 @@ def _train(cfg, run, noise: NoiseTable, on_iteration) -> dict:
     pairs, archive, next_id, annecs = [first], [ArchivedTerrain(0, first.encoding, 0)], 1, None
 
     spec = EvaluatorSpec(ENV_ID, {}, algo.episode_steps or cfg.env.max_episode_steps, algo.es.policy,
-                         list(algo.es.hidden), cfg.seed, algo.es.noise_size, algo.es.obs_clip,
+                         list(algo.es.hidden), noise.seed, noise.size, algo.es.obs_clip,
                          algo.es.episodes_per_eval, algo.es.reward_clip)
     server = ParamServer()
     server.start()

@@ -127,6 +127,14 @@ def test_runs_holding_one_table_share_it_and_the_last_to_let_go_removes_it():
         NoiseTable(seed, size).unlink()
 
 
+def test_a_run_and_its_workers_use_the_one_shared_table_and_leave_none(tmp_path):
+    """The workers' slices are the master's: they map the table the run holds (algo.noise_seed), not one of
+    the run's seed, which nobody would remove."""
+    size = 300_007
+    _train(tmp_path, "shared", ["seed=3", "workers=1", "algo.iterations=1", f"algo.noise_size={size}"])
+    assert not glob.glob(table_path(3, size) + "*") and not glob.glob(table_path(0, size) + "*")
+
+
 def _train(tmp_path, name, overrides, on_iteration=None):
     cfg = compose(["env=cartpole", "algo.population=24", "algo.eval_episodes=2", *SMALL, *overrides])
     return run(cfg, tmp_path / name, on_iteration=on_iteration)
