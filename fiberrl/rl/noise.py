@@ -71,9 +71,13 @@ class NoiseTable:
         self.created = False
         # held before looking for the table: a last user removing it finishes first
         self._users = self._hold() if hold else None
-        if not self._complete():
-            self._generate_once()
-        self.noise = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.size,))
+        try:
+            if not self._complete():
+                self._generate_once()
+            self.noise = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.size,))
+        except BaseException:
+            self.release()  # e.g. no room for it: one user fewer
+            raise
 
     def _hold(self) -> int:
         """A shared lock on the table's ``.users`` file, held until ``release()`` (or this process ends)."""

@@ -32,7 +32,7 @@ ANSWER_EVERY = 4
 # beats in a silence_timeout: one late by up to three quarters of it is still in time, and a job
 # cut off is noticed no later than silence_timeout after its last beat, as with a beat a second;
 # a beat every 2.5 s instead of every second took a master's idle CPU with 9,000 simulated
-# workers from 0.22-0.28 s a second to ... (docs/benchmarks.md)
+# workers from 0.18-0.20 s a second to 0.105-0.125 (docs/benchmarks.md)
 BEATS_PER_SILENCE = 4
 # seconds between heartbeats once ``beat_less_often`` was called; None: the configured interval
 _slow_interval: float | None = None

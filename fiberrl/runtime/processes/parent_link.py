@@ -33,7 +33,7 @@ LINGER = 0.005
 
 class ChildLink:
     """One job's link as its parent sees it: when the job last spoke over it (its heartbeat
-    at least every ``heartbeat_interval``) and, once it asked for its task, which process it is."""
+    every ``lifeline.beat_interval()``) and, once it asked for its task, which process it is."""
     __slots__ = ("stream", "heard", "process_id")
 
     def __init__(self, stream: Stream):

@@ -308,8 +308,8 @@ class Process(BaseProcess):
         return self._link_id
 
     def silent_for(self) -> float | None:
-        """Seconds since its job last spoke to this process (a heartbeat comes every
-        ``heartbeat_interval``); None before it started running and once it has ended.
+        """Seconds since its job last spoke to this process (it beats four times in ``silence_timeout``,
+        see ``lifeline.beat_interval``); None before it started running and once it has ended.
         Long silence means its host is cut off or stalled, or this process was."""
         heard = None if self._link_id is None else get_hub().heard_from(self._link_id)
         return None if heard is None else time.monotonic() - heard
