@@ -144,3 +144,33 @@ def test_a_hung_parent_is_caught_by_the_heartbeat(tmp_path, script_env):
         parent.wait(10)
         if child is not None and pid_alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_beats_as_often_as_its_parent_listens():
+    """Four times in silence_timeout where the parent listens for silence; on the local backend, where
+    it does not, only the answered beats that tell the child its parent lives; or as configured."""
+    from fiberrl.runtime import config
+    from fiberrl.runtime.processes.lifeline import beat_interval
+    try:
+        config.configure(backend="local", heartbeat_timeout=30)
+        assert beat_interval() == 7.5
+        config.configure(backend="docker", silence_timeout=10)
+        assert beat_interval() == 2.5
+        config.configure(silence_timeout=0)
+        assert beat_interval() == 7.5
+        config.configure(heartbeat_interval=0.5)
+        assert beat_interval() == 0.5
+    finally:
+        config.reset()
+
+
+def test_a_local_child_is_quiet_between_its_answered_beats():
+    import fiberrl.runtime as mp
+    process = mp.Process(target=time.sleep, args=(4,))
+    process.start()
+    try:
+        assert wait_until(lambda: process.silent_for() is not None, 30)
+        time.sleep(3)
+        assert process.silent_for() > 2.5  # heard as it fetched its task, not since
+    finally:
+        process.join(30)
