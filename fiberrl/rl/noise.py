@@ -98,11 +98,10 @@ class NoiseTable:
         if fd is None:
             return
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # another run on this host still uses it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.unlink()
+        except BlockingIOError:
+            pass  # another run on this host still uses it
         finally:
             os.close(fd)
 
