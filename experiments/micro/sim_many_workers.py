@@ -216,7 +216,8 @@ class Simulator:
         self.workers: dict[str, SimWorker] = {}
         self.ready: deque = deque()  # workers whose connections a setup thread made
         # beats_late: sent over a second after they were due (the simulator behind, not the master)
-        self.counts = {"heartbeats": 0, "beats_late": 0, "chunks": 0, "tasks": 0, "workers": 0}
+        self.counts = {"heartbeats": 0, "beats_late": 0, "chunks": 0, "tasks": 0, "workers": 0,
+                       "streams_lost": 0}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
@@ -301,6 +302,13 @@ class Simulator:
         elif words[0] == "count":
             self.say("count " + " ".join(f"{k}={v}" for k, v in self.counts.items()))
 
+    def lost(self, worker: SimWorker, code: int, exc: LinkError, where: str) -> None:
+        """A stream of the worker's broke: the first few say why on stderr."""
+        self.counts["streams_lost"] += 1
+        if self.counts["streams_lost"] <= 5:
+            sys.stderr.write(f"simulated job {worker.job_id}: its {where} broke: {exc!r}\n")
+        self.end(worker, code)
+
     def end(self, worker: SimWorker, code: int) -> None:
         if worker.ended:
             return
@@ -317,15 +325,15 @@ class Simulator:
     def send(self, worker: SimWorker, parts) -> None:
         try:
             worker.pool.send(parts)
-        except LinkError:
-            self.end(worker, 0)  # the master is gone, or gave it up
+        except LinkError as exc:
+            self.lost(worker, 0, exc, "pool stream (sending)")  # the master is gone, or gave it up
 
     def readable(self, kind: str, worker: SimWorker) -> None:
         stream = worker.link if kind == "link" else worker.pool
         try:
             frames = stream.recv_ready()
-        except LinkError:
-            self.end(worker, 0 if kind == "pool" else 75)
+        except LinkError as exc:
+            self.lost(worker, 0 if kind == "pool" else 75, exc, f"{kind} stream")
             return
         if kind == "pool":
             for frame in frames:
@@ -340,8 +348,8 @@ class Simulator:
             op, worker.asked = PING, now
         try:
             worker.link.send([bytes((op,)), b""])
-        except LinkError:
-            self.end(worker, 75)
+        except LinkError as exc:
+            self.lost(worker, 75, exc, "link (beating)")
             return
         self.counts["heartbeats"] += 1
         self.counts["beats_late"] += now - worker.beat_due > 1.0
