@@ -90,3 +90,15 @@ def test_the_pickler_keeps_nothing_of_a_message_once_sent():
     del payload
     gc.collect()
     assert alive() is None
+
+
+def test_a_big_message_leaves_no_big_pickler_behind():
+    """The C pickler's memo never shrinks and clearing it costs its largest size: a thread that
+    once pickled a big message must not pay for it in every small one after."""
+    import sys
+
+    wire.dumps([(1, 0.0)])
+    small = sys.getsizeof(wire._picklers.pickler.pickler)
+    wire.dumps([(i, 0.0) for i in range(31_250)])
+    assert wire.loads(wire.encode([(i, 0.0) for i in range(3)])) == [(0, 0.0), (1, 0.0), (2, 0.0)]
+    assert sys.getsizeof(wire._picklers.pickler.pickler) <= 2 * small
