@@ -217,7 +217,8 @@ class Simulator:
         self.ready: deque = deque()  # workers whose connections a setup thread made
         # beats_late: sent over a second after they were due (the simulator behind, not the master)
         self.counts = {"heartbeats": 0, "beats_late": 0, "chunks": 0, "tasks": 0, "workers": 0,
-                       "streams_lost": 0}
+                       "streams_lost": 0, "retired": 0,
+                       "stopped": 0}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
@@ -296,6 +297,7 @@ class Simulator:
         if words[0] == "start":
             self.setup.submit(self.start, *words[1:])
         elif words[0] == "stop":
+            self.counts["stopped"] += 1
             worker = self.workers.get(words[1])
             if worker is not None:
                 self.end(worker, int(words[2]))
@@ -359,6 +361,10 @@ class Simulator:
     # -- the pool's worker loop, message for message -----------------------------------------
     def batch(self, worker: SimWorker, frame) -> None:
         if frame[0] != OK:  # retired
+            self.counts["retired"] += 1
+            if worker.chunks or worker.busy:
+                sys.stderr.write(f"simulated job {worker.job_id}: retired (status {frame[0]}) holding "
+                                 f"{len(worker.chunks)} chunk(s)\n")
             self.end(worker, 0)
             return
         parts = wire.split(memoryview(frame)[1:])
@@ -412,7 +418,7 @@ def rss_kib() -> float:
 
 def measure(w: int, args, backend: SimulatedBackend) -> dict:
     figures: dict = {"W": w}
-    late0 = backend.counters()["beats_late"]
+    counts0 = backend.counters()
     rss0, started = rss_kib(), time.monotonic()
     pool = mp.Pool(w)
     try:
@@ -456,7 +462,11 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
             figures[f"{name}_sim_cpu_per_task_us"] = (backend.simulators_cpu_s() - sim0) / n * 1e6
         counts = backend.counters()
         figures["cut_off"] = pool.statistics().workers_cut_off
-        figures["beats_late"] = counts["beats_late"] - late0
+        figures["beats_late"] = counts["beats_late"] - counts0["beats_late"]
+        # workers whose stream broke, or that the pool retired, before the pool closed
+        figures["streams_lost"] = counts["streams_lost"] - counts0["streams_lost"]
+        figures["retired_early"] = counts["retired"] - counts0["retired"]
+        figures["stopped"] = counts["stopped"] - counts0["stopped"]
         pool.close()
         pool.join()
     finally:
