@@ -411,6 +411,16 @@ def cpu_s() -> float:
     return time.process_time()
 
 
+def packets_dropped() -> int:
+    """Packets this machine's kernel dropped for want of room in its per-core backlog (the loopback's
+    queue: every simulated worker's traffic crosses it, where real hosts would each have their own)."""
+    try:
+        with open("/proc/net/softnet_stat") as fh:
+            return sum(int(line.split()[1], 16) for line in fh)
+    except OSError:
+        return 0
+
+
 def rss_kib() -> float:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * PAGE / 1024
@@ -418,7 +428,7 @@ def rss_kib() -> float:
 
 def measure(w: int, args, backend: SimulatedBackend) -> dict:
     figures: dict = {"W": w}
-    counts0 = backend.counters()
+    counts0, dropped0 = backend.counters(), packets_dropped()
     rss0, started = rss_kib(), time.monotonic()
     pool = mp.Pool(w)
     try:
@@ -467,6 +477,7 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
         figures["streams_lost"] = counts["streams_lost"] - counts0["streams_lost"]
         figures["retired_early"] = counts["retired"] - counts0["retired"]
         figures["stopped"] = counts["stopped"] - counts0["stopped"]
+        figures["packets_dropped"] = packets_dropped() - dropped0
         pool.close()
         pool.join()
     finally:
