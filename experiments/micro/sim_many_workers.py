@@ -26,9 +26,13 @@ cores); ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
 chooses): their time against the ideal (2 tasks a worker) and the master's CPU per task; and
 ``--zero-tasks`` tasks of no time unchunked (chunksize 1), and ten times as many chunked (the
 pool's chunksize):
-tasks per second and the master's CPU per task.  The master's CPU is this process's (every
-thread: ``time.process_time``); the simulators run beside it on the same cores, so on a
-small machine the tasks per second are the pair's.  Its last line:
+tasks per second and the master's CPU per task, and the simulators' CPU per task beside it.  The
+master's CPU is this process's (every thread: ``time.process_time``); the simulators run beside it
+on the same cores, so on a small machine the tasks per second are the pair's.  Also per W: the
+workers whose stream broke (the first few say why on stderr), that the pool retired or the backend
+stopped before the pool closed, and the packets the kernel dropped meanwhile (every simulated
+worker's traffic crosses the loopback's one backlog).  One set of simulators serves every W, or
+a new one each W with ``--fresh-simulators``.  Its last line:
 ``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
 largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU per unchunked
 zero-cost task (the same tasks at every W, so only what grows with W can move it: heartbeats
@@ -539,6 +543,8 @@ COLUMNS = [
     ("W", lambda r: r["W"], 6, ""),
     ("cut off", lambda r: r["cut_off"], 8, ""),
     ("late beats", lambda r: r["beats_late"], 11, ""),
+    ("lost", lambda r: r["streams_lost"] + r["retired_early"] + r["stopped"], 6, ""),
+    ("dropped", lambda r: r["packets_dropped"], 8, ""),
     ("connect s", lambda r: r["connect_s"], 10, ".2f"),
     ("KiB/worker", lambda r: r["rss_per_worker_kib"], 11, ".1f"),
     ("idle CPU/s", lambda r: r["idle_cpu_per_s"], 11, ".3f"),
