@@ -24,8 +24,9 @@ sweep cut short is resumed by its own command, a Ray sweep cut short starts agai
         --seeds 0 --eval-episodes 2                                              # a smoke test
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
---interval (81,920 = 10 updates), --which (pbt independent ray), --eval-episodes (100), --ray-python (default:
-this interpreter; without Ray the peer is skipped with the reason).
+--interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
+--which (pbt independent ray), --eval-episodes (100), --ray-python (default: this interpreter; without Ray
+the peer is skipped with the reason).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def run_pbt(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], fl
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
+               f"hydra.sweeper.burn_in={args.burn_in}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
     members = []
@@ -95,7 +97,7 @@ def run_independent(args, seed: int, folder: Path) -> tuple[list[tuple[Path, flo
 def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
     command = [args.ray_python, str(Path(__file__).with_name("pbt_ray_peer.py")), "--out", str(folder),
                "--seed", str(seed), "--population", str(args.population), "--interval", str(args.interval),
-               "--quantile", str(QUANTILE), "--window", str(WINDOW)]
+               "--quantile", str(QUANTILE), "--window", str(WINDOW), "--burn-in", str(args.burn_in)]
     command += [f"--set={o}" for o in fixed(args.member_steps)] + [f"--start={o}" for o in poor()]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
     result = json.loads((folder / "ray_results.json").read_text())
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
                         choices=["pbt", "independent", "ray"])
     parser.add_argument("--eval-episodes", type=int, default=100)
+    parser.add_argument("--burn-in", type=int, default=0,
+                        help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
     parser.add_argument("--ray-python", default=sys.executable)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--interval", type=int, required=True)
     parser.add_argument("--quantile", type=float, default=0.25)
     parser.add_argument("--window", type=int, default=3)
+    parser.add_argument("--burn-in", type=int, default=0, help="env steps before a trial may be perturbed")
     parser.add_argument("--cpus", type=float, default=2, help="CPUs Ray may use")
     parser.add_argument("--set", action="append", default=[], help="a fixed override of the runs")
     parser.add_argument("--start", action="append", default=[], help="KEY=VALUE: a mutated setting's start")
@@ -136,7 +137,8 @@ def main() -> None:
     for key, (scale, low, high) in SPACES.items():
         mutations[key] = tune.loguniform(low, high) if scale == "log" else tune.uniform(low, high)
     scheduler = PopulationBasedTraining(
-        time_attr="timesteps", perturbation_interval=args.interval, quantile_fraction=args.quantile,
+        time_attr="timesteps", perturbation_interval=args.interval, burn_in_period=args.burn_in,
+        quantile_fraction=args.quantile,
         resample_probability=0.25, hyperparam_mutations={"settings": mutations}, synch=False,
         custom_explore_fn=_kept_in_ranges)
     random.seed(args.seed)  # Ray's PBT draws from Python's generator
