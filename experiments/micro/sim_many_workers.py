@@ -31,7 +31,8 @@ master's CPU is this process's (every thread: ``time.process_time``); the simula
 on the same cores, so on a small machine the tasks per second are the pair's.  Also per W: the
 workers whose stream broke (the first few say why on stderr), that the pool retired or the backend
 stopped before the pool closed, and the packets the kernel dropped meanwhile (every simulated
-worker's traffic crosses the loopback's one backlog).  One set of simulators serves every W, or
+worker's traffic crosses the loopback's one backlog), and the time and master CPU to close the
+pool (``close`` and ``join``: every worker retired).  One set of simulators serves every W, or
 a new one each W with ``--fresh-simulators``.  Its last line:
 ``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
 largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU per unchunked
@@ -482,8 +483,10 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
         figures["retired_early"] = counts["retired"] - counts0["retired"]
         figures["stopped"] = counts["stopped"] - counts0["stopped"]
         figures["packets_dropped"] = packets_dropped() - dropped0
+        cpu0, t0 = cpu_s(), time.monotonic()
         pool.close()
         pool.join()
+        figures["close_s"], figures["close_cpu_s"] = time.monotonic() - t0, cpu_s() - cpu0
     finally:
         pool.terminate()
     return figures
@@ -557,6 +560,8 @@ COLUMNS = [
     ("sims us/task", lambda r: r["unchunked_sim_cpu_per_task_us"], 13, ".0f"),
     ("chunked/s", lambda r: r["chunked_tasks_per_s"], 10, ".0f"),
     ("us/task", lambda r: r["chunked_cpu_per_task_us"], 8, ".1f"),
+    ("close s", lambda r: r["close_s"], 8, ".2f"),
+    ("CPU s", lambda r: r["close_cpu_s"], 6, ".2f"),
 ]
 
 

@@ -40,6 +40,11 @@ class WorkerLifecycle:
         self._worker_resources, self._local = worker_resources, local
         self._worker_ids = itertools.count()
         self._silence_timeout = silence_limit()
+        # how often the links are looked over for silent workers: a pass costs O(workers) with the pool's
+        # lock held, and the manager wakes for every worker that ends (a pool of 9,000 closing looked them
+        # over ~3,300 times in 4 s, 0.36 s of CPU)
+        self._silence_every = min(1.0, self._silence_timeout / 4)
+        self._silence_looked = 0.0
         self._thread = threading.Thread(target=self._manage, name="fiberrl-pool-manager", daemon=True)
 
     def start(self) -> None:
@@ -85,7 +90,7 @@ class WorkerLifecycle:
         waits = [0.5] if starting else []
         policy = self._policy
         if self._silence_timeout and len(starting) < len(policy.workers):
-            waits.append(min(1.0, self._silence_timeout / 4))
+            waits.append(self._silence_every)
         if policy.gate.is_holding() and policy.pending:
             waits.append(policy.gate.patience(policy.pending[0].func_id))
         return min(waits, default=None)
@@ -145,10 +150,12 @@ class WorkerLifecycle:
     # --- losing -------------------------------------------------------------------
     def _silent_workers(self) -> list[Worker]:
         """Connected workers unheard for ``silence_timeout`` (with the lock held), marked cut off."""
-        if not self._silence_timeout:
+        now = time.monotonic()
+        if not self._silence_timeout or now - self._silence_looked < self._silence_every:
             return []
+        self._silence_looked = now
         # one pass over the links heard (the usual answer: none is quiet), not a lookup a worker
-        quiet = get_hub().unheard_since(time.monotonic() - self._silence_timeout)
+        quiet = get_hub().unheard_since(now - self._silence_timeout)
         silent = []
         if quiet:
             for worker in self._policy.workers.values():
