@@ -1,6 +1,7 @@
 """What goes over the wire comes back equal: numpy arrays of every layout
 (the fast path and numpy's own), and messages sent while one is being pickled."""
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -95,8 +96,6 @@ def test_the_pickler_keeps_nothing_of_a_message_once_sent():
 def test_a_big_message_leaves_no_big_pickler_behind():
     """The C pickler's memo never shrinks and clearing it costs its largest size: a thread that
     once pickled a big message must not pay for it in every small one after."""
-    import sys
-
     wire.dumps([(1, 0.0)])
     small = sys.getsizeof(wire._picklers.pickler.pickler)
     wire.dumps([(i, 0.0) for i in range(31_250)])
