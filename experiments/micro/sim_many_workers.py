@@ -25,7 +25,7 @@ the master gave up for silence: on this small machine the simulators and the mas
 cores); ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
 chooses): their time against the ideal (2 tasks a worker) and the master's CPU per task; and
 ``--zero-tasks`` tasks of no time unchunked (chunksize 1), and ten times as many chunked (the
-pool's chunksize):
+pool's chunksize), ``--rounds`` times each in turn, the medians:
 tasks per second and the master's CPU per task, and the simulators' CPU per task beside it.  The
 master's CPU is this process's (every thread: ``time.process_time``); the simulators run beside it
 on the same cores, so on a small machine the tasks per second are the pair's.  Also per W: the
@@ -466,15 +466,20 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
         figures["map_ideal_s"] = 2 * args.task_s
         figures["map_cpu_per_task_ms"] = statistics.median(cpus) / (2 * w) * 1e3
 
-        # zero-cost tasks, unchunked and chunked (ten times as many: each chunk holds many)
-        for name, chunksize, n in (("unchunked", 1, args.zero_tasks), ("chunked", None, 10 * args.zero_tasks)):
-            zero = [(i, 0.0) for i in range(n)]
-            cpu0, sim0, t0 = cpu_s(), backend.simulators_cpu_s(), time.monotonic()
-            assert pool.map(simulated_task, zero, chunksize=chunksize) == list(range(n))
-            wall = time.monotonic() - t0
-            figures[f"{name}_tasks_per_s"] = n / wall
-            figures[f"{name}_cpu_per_task_us"] = (cpu_s() - cpu0) / n * 1e6
-            figures[f"{name}_sim_cpu_per_task_us"] = (backend.simulators_cpu_s() - sim0) / n * 1e6
+        # zero-cost tasks, unchunked and chunked (ten times as many: each chunk holds many), --rounds
+        # times each in turn, the median of each figure
+        runs: dict = {}
+        for _ in range(args.rounds):
+            for name, chunksize, n in (("unchunked", 1, args.zero_tasks), ("chunked", None, 10 * args.zero_tasks)):
+                zero = [(i, 0.0) for i in range(n)]
+                cpu0, sim0, t0 = cpu_s(), backend.simulators_cpu_s(), time.monotonic()
+                assert pool.map(simulated_task, zero, chunksize=chunksize) == list(range(n))
+                wall = time.monotonic() - t0
+                runs.setdefault(f"{name}_tasks_per_s", []).append(n / wall)
+                runs.setdefault(f"{name}_cpu_per_task_us", []).append((cpu_s() - cpu0) / n * 1e6)
+                runs.setdefault(f"{name}_sim_cpu_per_task_us", []).append(
+                    (backend.simulators_cpu_s() - sim0) / n * 1e6)
+        figures.update({key: statistics.median(values) for key, values in runs.items()})
         counts = backend.counters()
         figures["cut_off"] = pool.statistics().workers_cut_off
         figures["beats_late"] = counts["beats_late"] - counts0["beats_late"]
