@@ -42,6 +42,7 @@ too, and a resume stays exact.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -306,7 +307,7 @@ def learn(cfg, loop, peers, on_iteration=None, make_envs=remote_envs) -> dict:
     restored = checkpoint.restore(*saved, learner) if saved is not None else None
     envs = make_envs(cfg, spec, restored and restored.history, restored and restored.generations)
     restarts_before = restored.env_server_restarts if restored else 0
-    eval_env, rollouts, episodic_return = None, None, None
+    rollouts, episodic_return = None, None
     try:
         raw_obs = envs.reset()
         if restored and restored.next_obs is not None and not np.array_equal(raw_obs, restored.next_obs):
@@ -340,10 +341,12 @@ def learn(cfg, loop, peers, on_iteration=None, make_envs=remote_envs) -> dict:
             eval_reward = None
             if peers.rank == 0 and algo.eval_every and algo.eval_episodes and ((update + 1) % algo.eval_every == 0
                                                                               or update + 1 == updates):
-                eval_env = eval_env or spec.make()
                 policy = Policy(agent, action_space, learner.obs_rms, algo.obs_clip, spec.atari, device,
                                 algo.eval_deterministic)
-                eval_reward = evaluate(eval_env, policy, algo.eval_episodes, update)
+                # a fresh env each time: one that ran episodes before may play a seed otherwise (BipedalWalker keeps
+                # its Box2D world), and a resumed run's evaluations must be the uninterrupted run's
+                with contextlib.closing(spec.make()) as eval_env:
+                    eval_reward = evaluate(eval_env, policy, algo.eval_episodes, update)
 
             # with several learners, every learner's (their envs numbered in the whole batch)
             episodes = [e._replace(env=rank * num_envs + e.env)
@@ -369,8 +372,6 @@ def learn(cfg, loop, peers, on_iteration=None, make_envs=remote_envs) -> dict:
         if rollouts is not None:
             rollouts.close()
         envs.close()
-        if eval_env is not None:
-            eval_env.close()
     return loop.summary(env_server_restarts=peers.total(restarts_before + envs.restarts),
                         episodic_return=episodic_return,
                         agent=agent)

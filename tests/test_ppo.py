@@ -240,6 +240,18 @@ def test_resume_gives_the_result_of_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_resumed_run_evaluates_as_the_uninterrupted_one(tmp_path):
+    # BipedalWalker keeps its Box2D world across resets: an env that played episodes before plays a seed
+    # otherwise than a fresh one, so each evaluation gets a fresh env (the resumed run's first is fresh)
+    settings = ["env=bipedal_walker", "env.engine=gymnasium", "workers=1", "algo.envs_per_worker=2",
+                "algo.num_steps=32", "algo.total_timesteps=384", "algo.checkpoint_every=2", "algo.eval_every=1",
+                "algo.eval_episodes=2", "algo.num_minibatches=2", "seed=3"]
+    whole = _train(tmp_path, "whole", settings)
+    strip = _crash_after_update_4_and_resume(tmp_path, settings, whole)
+    assert all(isinstance(m["eval_reward"], float) for m in strip)
+
+
+@pytest.mark.slow
 def test_async_rollouts_learn_from_the_previous_policys_rollout_and_resume_exactly(tmp_path):
     settings = ["env=cartpole", "env.engine=gymnasium", "workers=2", "algo.envs_per_worker=2", "algo.num_steps=32",
                 "algo.total_timesteps=768", "algo.checkpoint_every=2", "seed=6"]
