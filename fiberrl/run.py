@@ -65,8 +65,9 @@ def save_npz(path: Path, arrays: dict, values: dict) -> None:
     atomic_write(path, lambda f: np.savez(f, __values__=blob, **arrays))
 
 
-def load_npz(path: Path) -> tuple[dict, dict]:
-    """(arrays, values) as ``save_npz`` wrote them; raises DamagedFile for a file that does not hold them."""
+def load_npz(path: Path, values_only: bool = False) -> tuple[dict, dict]:
+    """(arrays, values) as ``save_npz`` wrote them; raises DamagedFile for a file that does not hold them.
+    ``values_only``: the arrays are not read (``{}``), nor checked."""
     path = Path(path)
     if path.stat().st_size == 0:
         raise DamagedFile("empty file")
@@ -75,7 +76,7 @@ def load_npz(path: Path) -> tuple[dict, dict]:
     try:
         with np.load(path, allow_pickle=False) as data:
             blob = data["__values__"] if "__values__" in data.files else None
-            arrays = {k: data[k] for k in data.files if k != "__values__"}
+            arrays = {} if values_only else {k: data[k] for k in data.files if k != "__values__"}
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # a member's bytes changed (a CRC error)
         raise DamagedFile(f"unreadable ({first_line(exc)})") from None
     if blob is None:

@@ -120,6 +120,46 @@ def test_a_member_in_the_bottom_quantile_copies_one_in_the_top_quantile():
     assert first.standing(3).score == 5.0 and first.standing(3).checkpoint is None  # nothing to copy yet
 
 
+def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
+    """Members that run in step are ready at about the same time: what a running top member has to give is
+    the newest checkpoint its segment has written, with the metric as logged up to it, not the point its
+    segment began from (the ready member's own start, which it may not copy)."""
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+    from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
+
+    def checkpoint(folder: str, iteration: int, timesteps: int) -> str:
+        path = tmp_path / folder / "checkpoints" / f"{iteration:06d}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_npz(path, {"theta": np.full(3, float(timesteps))}, {"timesteps": timesteps, "format": 2})
+        return str(path.relative_to(tmp_path))
+
+    sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=2,
+                         quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
+                         sample_initial=False, synchronous=False, seed=0)
+    sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = tmp_path, [], 0, 0.0
+    launched = []
+    sweeper._launch = launched.append  # the decision alone: no run is started
+    ready = Segment(0, 0, 0, tmp_path / "member_0/segment_000", 0, {}, 100, state="ended", timesteps=100,
+                    values=[-5.0], checkpoint=checkpoint("member_0/segment_000", 1, 100), paused=True)
+    running = Segment(1, 0, 1, tmp_path / "member_1/segment_000", 1, {}, 100)
+    checkpoint("member_1/segment_000", 0, 50)
+    (running.folder / "metrics.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in [{"iteration": 0, "timesteps": 50, "eval_reward": 10.0},
+                                                     {"iteration": 1, "timesteps": 75, "eval_reward": 20.0}]))
+    sweeper.members = [Member(0, [ready]), Member(1, [running])]
+
+    sweeper._go_on(sweeper.members[0])
+    went_on = launched[0]
+    assert went_on.start_from == "member_1/segment_000/checkpoints/000000.npz" and went_on.start_timesteps == 50
+    assert went_on.until == 150 and went_on.seed == 1
+    assert went_on.carried == [10.0]  # what the donor had logged up to its checkpoint, not after it
+    with np.load(went_on.folder / "checkpoints" / "000000.npz") as data:
+        assert data["theta"][0] == 50.0
+    exploit = lineage(tmp_path, "exploit")[0]
+    assert (exploit["from"], exploit["to"], exploit["from_timesteps"], exploit["from_score"]) == (1, 0, 50, 15.0)
+
+
 # --- sweeps -------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -11,12 +11,14 @@
 
 Every member runs ``+experiment=ppo_bipedal_walker`` with a smaller batch (2 env servers of 8 envs,
 512 steps each: 8,192 env steps an update, minibatches of 64), evaluated (3 episodes on its mean
-action) every 4 updates; members are ranked by the mean of their last 3 evaluations.  All members of
-a sweep run at the same time.  Per sweep: the best member (by that ranking) evaluated over
-``--eval-episodes`` episodes (episode i reset with seed 10,000 + i), the population's mean of the
-ranking metric at the end, and the sweep's wall time.  Sweeps run one after another, seed by seed,
-in the order pbt, independent, ray; a sweep whose result is in OUT/results.json is kept, a fiberrl
-sweep cut short is resumed by its own command, a Ray sweep cut short starts again.
+action) every 4 updates and checkpointed every 2 (what a PBT member copies of a running one);
+members are ranked by the mean of their last 3 evaluations.  All members of a sweep run at the same
+time.  Per sweep: every member's final policy over ``--eval-episodes`` episodes (episode i reset with
+seed 10,000 + i, the same episodes for all): the best member's (the best by that ranking) and the
+population's mean; the population's mean of the ranking metric at the end; the sweep's wall time.
+Sweeps run one after another, seed by seed, in the order pbt, independent, ray; a sweep whose result
+is in OUT/results.json is kept, a fiberrl sweep cut short is resumed by its own command, a Ray sweep
+cut short starts again.
 
     python experiments/learning/bench_pbt.py --out experiments/results/pbt_bipedal/<date> \\
         --ray-python /tmp/venv-ray/bin/python
@@ -52,7 +54,7 @@ POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4
 
 def fixed(member_steps: int) -> list[str]:
     return ["+experiment=ppo_bipedal_walker", "algo.envs_per_worker=8", "algo.num_steps=512",
-            "algo.num_minibatches=128", "algo.eval_every=4", "algo.eval_episodes=3",
+            "algo.num_minibatches=128", "algo.eval_every=4", "algo.eval_episodes=3", "algo.checkpoint_every=2",
             f"algo.total_timesteps={member_steps}", "tensorboard=false"]
 
 
@@ -117,12 +119,16 @@ def _timed(command: list[str], log: Path) -> float:
     return time.perf_counter() - began
 
 
-def evaluate_best(members: list[tuple[Path, float]], episodes: int) -> dict:
+def evaluate_members(members: list[tuple[Path, float]], episodes: int) -> dict:
+    """Every member's final policy on the same episodes; the best is the best by the ranking metric."""
     from fiberrl.evaluate import evaluate
-    best_dir, best_score = max(members, key=lambda m: m[1])
-    returns = [r for r, _ in evaluate(best_dir, episodes=episodes, seed=EVAL_SEED, which="latest")]
-    return {"best_dir": str(best_dir), "best_ranked_by": best_score, "best_final": statistics.mean(returns),
-            "best_final_std": statistics.pstdev(returns), "episodes": len(returns),
+    finals = [[r for r, _ in evaluate(folder, episodes=episodes, seed=EVAL_SEED, which="latest")]
+              for folder, _ in members]
+    best = max(range(len(members)), key=lambda i: members[i][1])
+    return {"best_dir": str(members[best][0]), "best_ranked_by": members[best][1],
+            "best_final": statistics.mean(finals[best]), "best_final_std": statistics.pstdev(finals[best]),
+            "episodes": len(finals[best]), "population_final": statistics.mean(map(statistics.mean, finals)),
+            "members_final": [statistics.mean(f) for f in finals],
             "population_mean": statistics.mean(score for _, score in members),
             "members": [score for _, score in members]}
 
@@ -155,26 +161,31 @@ def main() -> None:
                 continue
             print(f"{key}: running", flush=True)
             members, wall = kinds[kind](args, seed, args.out / kind / f"seed{seed}")
-            results[key] = dict(evaluate_best(members, args.eval_episodes), wall_s=wall)
+            results[key] = dict(evaluate_members(members, args.eval_episodes), wall_s=wall)
             results_path.write_text(json.dumps(results, indent=1))
             r = results[key]
-            print(f"{key}: best {r['best_final']:.1f} over {r['episodes']} episodes, "
-                  f"population {r['population_mean']:.1f}, {wall / 60:.1f} min", flush=True)
+            print(f"{key}: best {r['best_final']:.1f} over {r['episodes']} episodes, population "
+                  f"{r['population_final']:.1f} (ranking metric {r['population_mean']:.1f}), {wall / 60:.1f} min",
+                  flush=True)
     report(results, args)
 
 
 def report(results: dict, args) -> None:
     print(f"\nPPO on BipedalWalker-v3, {args.population} members x {args.member_steps:,} env steps, from poor "
-          f"starting values; best member over {args.eval_episodes} episodes")
-    print(f"{'sweep':<22}{'best member':>14}{'population mean':>18}{'wall (min)':>12}")
+          f"starting values; each member's final policy over {args.eval_episodes} episodes")
+    print(f"{'sweep':<22}{'best member':>14}{'population mean':>18}{'ranking metric':>16}{'wall (min)':>12}")
     for key, r in sorted(results.items()):
-        print(f"{key:<22}{r['best_final']:>14.1f}{r['population_mean']:>18.1f}{r['wall_s'] / 60:>12.1f}")
+        population = r.get("population_final", float("nan"))  # results written before every member was scored
+        print(f"{key:<22}{r['best_final']:>14.1f}{population:>18.1f}{r['population_mean']:>16.1f}"
+              f"{r['wall_s'] / 60:>12.1f}")
     for kind in ("independent", "ray"):
         pairs = [(results[f"pbt/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"pbt/seed{s}" in results and f"{kind}/seed{s}" in results]
         if pairs:
             better = statistics.mean(a["best_final"] - b["best_final"] for a, b in pairs)
-            print(f"pbt vs {kind}: best member {better:+.1f}, "
+            population = statistics.mean(a.get("population_final", float("nan")) - b.get("population_final",
+                                         float("nan")) for a, b in pairs)
+            print(f"pbt vs {kind}: best member {better:+.1f}, population {population:+.1f}, "
                   f"wall time {statistics.mean(a['wall_s'] / b['wall_s'] for a, b in pairs):.2f}x")
 
 

@@ -1,9 +1,10 @@
 """A PBT population as the sweeper sees it, and its one decision: which member a ready one copies.
 
 A member trains in segments of ``interval`` env steps, each a run (a Hydra job) of its own folder that
-goes on from a checkpoint: its member's last one, or a top member's when it exploits. A segment's score
-is the mean of the metric's last ``window`` values along its lineage (what the run it went on from had
-logged, then its own)."""
+goes on from a checkpoint: its member's last one, or a top member's when it exploits (a running member's
+newest, which its segment may have written since it began). A segment's score is the mean of the
+metric's last ``window`` values along its lineage (what the run it went on from had logged, then its
+own)."""
 
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ class Segment:
     paused: bool = False             # it stopped at `until`: the member goes on; else its run has ended
     why: str = ""                    # a failed one's reason
     damage: str = ""                 # what is wrong with its checkpoint, when it is damaged
+    # while it runs, as the sweeper last looked: the metric with the env steps it was logged at, and the
+    # newest checkpoint it has written past its start (relative to the sweep's folder, its env steps)
+    logged: list[tuple[int, float]] = field(default_factory=list)
+    newest: Optional[tuple[str, int]] = None
 
     def history(self, window: int) -> list[float]:
         return (self.carried + self.values)[-window:]
@@ -71,14 +76,19 @@ class Member:
     def standing(self, window: int) -> Optional[Standing]:
         """Its score over its latest ``window`` values (those its running segment has logged so far
         included: a ready member is ranked against the others as they are now, as Jaderberg et al.'s),
-        and its last ready point to copy: the checkpoint its running segment went on from with the
-        settings it runs with, or its ended segment's last. None for a failed member."""
+        and the point to copy: its running segment's newest checkpoint (else the one it went on from)
+        with the settings it runs with, or its ended segment's last. None for a failed member."""
         segment = self.current
         if segment.state == "failed":
             return None
         if segment.state == "ended":
             return Standing(segment.score(window), segment.checkpoint, segment.settings, segment.seed,
                             segment.history(window), segment.timesteps)
+        if segment.newest is not None:  # copied there, a member redoes none of the steps since its start
+            checkpoint, timesteps = segment.newest
+            before = [value for at, value in segment.logged if at <= timesteps]
+            return Standing(segment.score(window), checkpoint, segment.settings, segment.seed,
+                            (segment.carried + before)[-window:], timesteps)
         return Standing(segment.score(window), segment.start_from, segment.settings, segment.seed,
                         segment.carried[-window:], segment.start_timesteps)
 

@@ -3,7 +3,7 @@
 ``population`` members train at the same time, each a run of ``python -m fiberrl`` that pauses every
 ``interval`` env steps (``until_timesteps``). A paused member is ready: ranked by its metric against
 the others as they are now, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
-a top-quantile member's (weights, optimizer, normalisers, env states, counters: what an exact resume
+a top-quantile member's newest (weights, optimizer, normalisers, env states, counters: what an exact resume
 restores) with that member's settings explored (perturbed or resampled). Each stretch a member runs
 between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``) in
 ``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
@@ -159,17 +159,19 @@ class PBTSweeper(Sweeper):
         # members cannot copy each other's last ready points back and forth for ever
         donor, passed_over = None, set() if damaged else {
             i for i, s in standings.items() if s is not None and s.timesteps <= current.start_timesteps}
+        folder = self._folder(member.index, current.index + 1)
         if damaged or current.timesteps >= self.burn_in:
             while True:  # a donor whose checkpoint is damaged is passed over
                 donor = choose_donor(member.index, standings, self.mode == "max", self.quantile, rng,
                                      must=bool(damaged), passed_over=frozenset(passed_over))
                 if donor is None:
                     break
-                donor_damage = self._damage_of(standings[donor].checkpoint)
+                # the copy is what is checked: a running donor may write and drop checkpoints meanwhile
+                donor_damage = self._take_copy(standings[donor].checkpoint, folder)
                 if not donor_damage:
                     break
                 passed_over.add(donor)
-                print(f"pbt: member {donor}'s checkpoint is damaged ({donor_damage}); member {member.index} "
+                print(f"pbt: member {donor}'s checkpoint cannot be copied ({donor_damage}); member {member.index} "
                       f"copies another", flush=True)
         if damaged and donor is None:
             current.state = "failed"
@@ -190,19 +192,24 @@ class PBTSweeper(Sweeper):
                            "from": donor, "to": member.index, "from_score": source.score,
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None})
-        segment = Segment(member.index, current.index + 1, self._job(), self._folder(member.index, current.index + 1),
-                          source.seed, settings, until=source.timesteps + self.interval, start_from=source.checkpoint,
+        segment = Segment(member.index, current.index + 1, self._job(), folder, source.seed, settings,
+                          until=source.timesteps + self.interval, start_from=source.checkpoint,
                           start_timesteps=source.timesteps, carried=list(source.history))
-        self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
+        if donor is None:
+            self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
         member.segments.append(segment)
         self._record(*events, {"event": "segment", **self._segment_record(segment)})
         self._launch(segment)
 
     def _standings(self) -> dict:
-        """Every member's standing now: a running segment's metric as it has logged it so far."""
+        """Every member's standing now: a running segment's metric as it has logged it so far, and its newest
+        checkpoint."""
         for member in self.members:
             if member.segments and member.current.state == "running":
-                member.current.values = self._metric_values(member.current.folder)
+                segment = member.current
+                segment.logged = self._metric_logged(segment.folder)
+                segment.values = [value for _, value in segment.logged]
+                segment.newest = self._newest_checkpoint(segment)
         return {member.index: member.standing(self.window) for member in self.members if member.segments}
 
     # --- before anything starts ------------------------------------------------------------------
@@ -343,12 +350,34 @@ class PBTSweeper(Sweeper):
 
     # --- a segment's files -----------------------------------------------------------------------
     def _metric_values(self, folder: Path) -> list[float]:
-        values = []
+        return [value for _, value in self._metric_logged(folder)]
+
+    def _metric_logged(self, folder: Path) -> list[tuple[int, float]]:
+        """The metric's values with the env steps of the row that logged each."""
+        logged = []
         for row in _rows(folder / "metrics.jsonl"):
             value = row.get(self.metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                values.append(float(value))
-        return values
+                logged.append((int(row.get("timesteps", 0)), float(value)))
+        return logged
+
+    def _newest_checkpoint(self, segment: Segment) -> Optional[tuple[str, int]]:
+        """A running segment's newest checkpoint (relative to the sweep's folder) and its env steps, read from its
+        values alone (a copy is checked whole): one it has written, else the one it went on from, copied into
+        its folder; None if there is none yet (a member's first segment)."""
+        folder = segment.folder / "checkpoints"
+        try:
+            found = sorted(((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name))),
+                           reverse=True)
+        except FileNotFoundError:
+            return None
+        for _, path in found:  # the newest may be dropped by the run as it is read: then the one before
+            try:
+                timesteps = int(upgrade_checkpoint(load_npz(path, values_only=True)[1]).get("timesteps", 0))
+            except (DamagedFile, OSError, ValueError, TypeError):
+                continue
+            return str(path.relative_to(self.sweep_dir)), timesteps
+        return None
 
     def _last_timesteps(self, folder: Path) -> int:
         rows = _rows(folder / "metrics.jsonl")
@@ -382,18 +411,23 @@ class PBTSweeper(Sweeper):
 
     def _damage_of(self, checkpoint: str) -> str:
         path = self.sweep_dir / checkpoint
-        try:
-            upgrade_checkpoint(load_npz(path)[1])
-            return ""
-        except (DamagedFile, OSError) as exc:
-            return f"{path}: {exc}"
+        return f"{path}: {why}" if (why := _unreadable(path)) else ""
 
     def _copy_checkpoint(self, source: Path, folder: Path) -> None:
-        if folder.exists():  # begun before the sweep was stopped, never recorded
+        if folder.exists():  # begun before the sweep was stopped, never recorded, or a copy passed over
             shutil.rmtree(folder)
         (folder / "checkpoints").mkdir(parents=True)
         with open(source, "rb") as src:
             atomic_write(folder / "checkpoints" / source.name, lambda dst: shutil.copyfileobj(src, dst))
+
+    def _take_copy(self, checkpoint: str, folder: Path) -> str:
+        """Copy ``checkpoint`` into a next segment's ``folder``; what is wrong with the copy ("": it reads whole)."""
+        source = self.sweep_dir / checkpoint
+        try:
+            self._copy_checkpoint(source, folder)
+        except FileNotFoundError:
+            return f"{source}: gone, its run dropped it as it was copied"
+        return f"{source}: {why}" if (why := _unreadable(folder / "checkpoints" / source.name)) else ""
 
     def _folder(self, member: int, index: int) -> Path:
         return self.sweep_dir / f"member_{member}" / f"segment_{index:03d}"
@@ -435,6 +469,15 @@ class PBTSweeper(Sweeper):
             print(f"{len(failed)} of {self.population} members failed", file=sys.stderr)
             raise SystemExit(1)
         return [best.folder] if best is not None else []
+
+
+def _unreadable(path: Path) -> str:
+    """Why the checkpoint at ``path`` cannot be resumed from ("": it reads whole)."""
+    try:
+        upgrade_checkpoint(load_npz(path)[1])
+        return ""
+    except (DamagedFile, OSError) as exc:
+        return str(exc)
 
 
 def _read_lineage(path: Path) -> list[dict]:
