@@ -151,7 +151,10 @@ def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
 
     sweeper._go_on(sweeper.members[0])
     went_on = launched[0]
-    assert went_on.start_from == "member_1/segment_000/checkpoints/000000.npz" and went_on.start_timesteps == 50
+    # recorded under a name of its own in the donor's folder, which the donor's run does not drop
+    assert went_on.start_from == "member_1/segment_000/copied/000000.npz" and went_on.start_timesteps == 50
+    (running.folder / "checkpoints" / "000000.npz").unlink()
+    assert (tmp_path / went_on.start_from).exists()
     assert went_on.until == 150 and went_on.seed == 1
     assert went_on.carried == [10.0]  # what the donor had logged up to its checkpoint, not after it
     with np.load(went_on.folder / "checkpoints" / "000000.npz") as data:

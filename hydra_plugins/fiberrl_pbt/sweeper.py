@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -166,8 +167,12 @@ class PBTSweeper(Sweeper):
                                      must=bool(damaged), passed_over=frozenset(passed_over))
                 if donor is None:
                     break
-                # the copy is what is checked: a running donor may write and drop checkpoints meanwhile
-                donor_damage = self._take_copy(standings[donor].checkpoint, folder)
+                if self.members[donor].current.state == "running":  # its run drops old checkpoints
+                    kept = self._keep(standings[donor].checkpoint)
+                    standings[donor] = replace(standings[donor], checkpoint=kept)
+                # the copy is what is checked
+                donor_damage = self._take_copy(standings[donor].checkpoint, folder) if standings[donor].checkpoint \
+                    else "its run dropped it as it was copied"
                 if not donor_damage:
                     break
                 passed_over.add(donor)
@@ -376,8 +381,31 @@ class PBTSweeper(Sweeper):
                 timesteps = int(upgrade_checkpoint(load_npz(path, values_only=True)[1]).get("timesteps", 0))
             except (DamagedFile, OSError, ValueError, TypeError):
                 continue
+            if timesteps == segment.start_timesteps and segment.start_from:  # the copy it began from: the original
+                return segment.start_from, timesteps
             return str(path.relative_to(self.sweep_dir)), timesteps
         return None
+
+    def _keep(self, checkpoint: str) -> Optional[str]:
+        """A running segment's checkpoint under a second name in its folder, ``copied/``, which its run does not
+        drop: what an exploit records stays (a hard link, else a copy). None if the run dropped it first."""
+        source = self.sweep_dir / checkpoint
+        if source.parent.name != "checkpoints":  # kept already
+            return checkpoint
+        kept = source.parent.parent / "copied" / source.name
+        kept.parent.mkdir(exist_ok=True)
+        if not kept.exists():
+            try:
+                try:
+                    os.link(source, kept)
+                except FileNotFoundError:
+                    raise
+                except OSError:  # a file system without hard links
+                    with open(source, "rb") as src:
+                        atomic_write(kept, lambda dst: shutil.copyfileobj(src, dst))
+            except FileNotFoundError:
+                return None
+        return str(kept.relative_to(self.sweep_dir))
 
     def _last_timesteps(self, folder: Path) -> int:
         rows = _rows(folder / "metrics.jsonl")
