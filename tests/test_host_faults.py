@@ -17,7 +17,7 @@ from helpers import host_faults
 from helpers.pool_workers import worker_running_a_chunk
 
 import fiberrl.runtime as mp
-from fiberrl.runtime.processes.lifeline import beat_interval
+from fiberrl.runtime.processes.lifeline import beat_interval, beats_sent
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("a_docker_daemon", "no_containers_left")]
 
@@ -114,6 +114,31 @@ def test_a_host_silent_for_less_than_the_deadline_costs_only_time(config, api, f
         stats = pool.statistics()
         assert (stats.workers_cut_off, stats.worker_restarts, stats.tasks_resubmitted) == (0, 0, 0)
         assert running(api, container)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+def beats_after(seconds):
+    time.sleep(seconds)
+    return beats_sent()
+
+
+def test_a_worker_sending_results_is_heard_by_them_and_beats_only_when_quiet(config):
+    """A busy worker's results tell its pool it is there: the heartbeats it would send meanwhile are left
+    out (a master of thousands of busy workers reads their results, not beats as well), and a task
+    longer than ``silence_timeout`` has it beat again, so it is not given up."""
+    config(silence_timeout=2)  # a beat every 0.5 s; one asking for an answer every 7.5 s
+    assert beat_interval() == 0.5
+    pool = mp.Pool(1)
+    try:
+        counts = pool.map(beats_after, [0.05] * 80, chunksize=1)  # 4 s of results
+        assert counts[-1] - counts[0] <= 1, counts  # at most an answered one; 8 were sent before
+        before = counts[-1]
+        assert pool.apply(beats_after, (3.0,)) - before >= 4  # 3 s without a result: it beats
+        assert pool.map(beats_after, [0.05] * 40, chunksize=1)
+        assert pool.statistics().workers_cut_off == 0
         pool.close()
         pool.join()
     finally:

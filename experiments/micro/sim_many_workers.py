@@ -9,7 +9,8 @@ authenticated TCP streams with a MAC on every frame (the path jobs on other host
 local Unix sockets): it connects to the master's hub, fetches its task (LAUNCH: the pickled
 ``Process`` whose target is the pool's worker loop; its arguments name the pool and the worker),
 beats over that link as its lifeline does (every ``lifeline.beat_interval()``, one beat in
-``heartbeat_timeout / ANSWER_EVERY`` asking for an answer), connects to the pool and
+``heartbeat_timeout / ANSWER_EVERY`` asking for an answer, and, where the runtime has
+``lifeline.spoke``, no unanswered beat within a beat's interval of sending results), connects to the pool and
 speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
 ``pool.worker.run_worker`` does: hello, asking for work, saying when it loads a function and
 starts a chunk, sending results, asking for its next batch as it starts the last chunk of one
@@ -20,7 +21,8 @@ timers); their connections are set up by a few threads.
 
 For each W, on a fresh pool: the time for all W to connect; the master's resident memory per
 connected worker; the master's CPU per second with the pool idle (the heartbeats) and the
-heartbeats per second (and how many the simulators sent over a second late, and how many workers
+heartbeats per second, idle and during the unchunked zero-cost tasks (and how many the simulators sent
+over a second late, and how many workers
 the master gave up for silence: on this small machine the simulators and the master share the
 cores); ES-shaped maps (2W tasks of ``--task-s`` seconds, chunks as the pool
 chooses): their time against the ideal (2 tasks a worker) and the master's CPU per task; and
@@ -80,6 +82,9 @@ from fiberrl.runtime.processes.hub import LAUNCH, PING
 # could go unanswered, when every beat was an answered PING)
 BEAT = getattr(hub, "BEAT", PING)
 ANSWER_EVERY = getattr(lifeline, "ANSWER_EVERY", math.inf)
+# as its workers do since their pool counts their results as hearing from them: a beat that asks for no
+# answer is left out by a worker that sent results within a beat's interval
+QUIET_WHILE_SPEAKING = hasattr(lifeline, "spoke")
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -200,7 +205,7 @@ class SimulatedBackend(Backend):
 
 # --- the simulator: thousands of workers' jobs on one epoll loop --------------------------------
 class SimWorker:
-    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due", "asked")
+    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due", "asked", "spoke")
 
     def __init__(self, job_id: str, link, pool):
         self.job_id, self.link, self.pool = job_id, link, pool
@@ -209,6 +214,7 @@ class SimWorker:
         self.ended = False
         self.beat_due = 0.0
         self.asked = time.monotonic()  # when its lifeline last asked for an answer
+        self.spoke = -math.inf  # when it last sent results
 
 
 class Simulator:
@@ -221,7 +227,7 @@ class Simulator:
         self.workers: dict[str, SimWorker] = {}
         self.ready: deque = deque()  # workers whose connections a setup thread made
         # beats_late: sent over a second after they were due (the simulator behind, not the master)
-        self.counts = {"heartbeats": 0, "beats_late": 0, "chunks": 0, "tasks": 0, "workers": 0,
+        self.counts = {"heartbeats": 0, "beats_late": 0, "beats_left_out": 0, "chunks": 0, "tasks": 0, "workers": 0,
                        "streams_lost": 0, "retired": 0,
                        "stopped": 0}
         self.wake_r, self.wake_w = os.pipe()
@@ -353,13 +359,16 @@ class Simulator:
         op = BEAT
         if now - worker.asked >= self.heartbeat_timeout / ANSWER_EVERY:
             op, worker.asked = PING, now
-        try:
-            worker.link.send([bytes((op,)), b""])
-        except LinkError as exc:
-            self.lost(worker, 75, exc, "link (beating)")
-            return
-        self.counts["heartbeats"] += 1
-        self.counts["beats_late"] += now - worker.beat_due > 1.0
+        if op == BEAT and QUIET_WHILE_SPEAKING and now - worker.spoke < self.heartbeat_s:
+            self.counts["beats_left_out"] += 1
+        else:
+            try:
+                worker.link.send([bytes((op,)), b""])
+            except LinkError as exc:
+                self.lost(worker, 75, exc, "link (beating)")
+                return
+            self.counts["heartbeats"] += 1
+            self.counts["beats_late"] += now - worker.beat_due > 1.0
         worker.beat_due = now + self.heartbeat_s
         self.at(worker.beat_due, self.beat, worker)
 
@@ -406,6 +415,7 @@ class Simulator:
         self.counts["tasks"] += len(values)
         worker.busy = False
         self.send(worker, [bytes((W_RESULT_GET if asks_after else W_RESULT,)), *report])
+        worker.spoke = time.monotonic()
         if not worker.ended:
             self.next_chunk(worker)
 
@@ -473,8 +483,10 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
             for name, chunksize, n in (("unchunked", 1, args.zero_tasks), ("chunked", None, 10 * args.zero_tasks)):
                 zero = [(i, 0.0) for i in range(n)]
                 cpu0, sim0, t0 = cpu_s(), backend.simulators_cpu_s(), time.monotonic()
+                beats0 = backend.counters()["heartbeats"]
                 assert pool.map(simulated_task, zero, chunksize=chunksize) == list(range(n))
                 wall = time.monotonic() - t0
+                runs.setdefault(f"{name}_beats_per_s", []).append((backend.counters()["heartbeats"] - beats0) / wall)
                 runs.setdefault(f"{name}_tasks_per_s", []).append(n / wall)
                 runs.setdefault(f"{name}_cpu_per_task_us", []).append((cpu_s() - cpu0) / n * 1e6)
                 runs.setdefault(f"{name}_sim_cpu_per_task_us", []).append(
@@ -557,6 +569,7 @@ COLUMNS = [
     ("KiB/worker", lambda r: r["rss_per_worker_kib"], 11, ".1f"),
     ("idle CPU/s", lambda r: r["idle_cpu_per_s"], 11, ".3f"),
     ("beats/s", lambda r: r["heartbeats_per_s"], 8, ".0f"),
+    ("busy beats/s", lambda r: r["unchunked_beats_per_s"], 13, ".0f"),
     ("map s", lambda r: r["map_s"], 7, ".2f"),
     ("x ideal", lambda r: r["map_s"] / r["map_ideal_s"], 8, ".2f"),
     ("map us/task", lambda r: r["map_cpu_per_task_ms"] * 1e3, 12, ".0f"),

@@ -155,11 +155,13 @@ class WorkerLifecycle:
             return []
         self._silence_looked = now
         # one pass over the links heard (the usual answer: none is quiet), not a lookup a worker
-        quiet = get_hub().unheard_since(now - self._silence_timeout)
+        since = now - self._silence_timeout
+        quiet = get_hub().unheard_since(since)
         silent = []
         if quiet:
-            for worker in self._policy.workers.values():
-                if worker.stream_id is not None and not worker.cut_off and worker.process.link_id in quiet:
+            for worker in self._policy.workers.values():  # one sending results skips its beats: heard on its stream
+                if worker.stream_id is not None and not worker.cut_off and worker.process.link_id in quiet \
+                        and self._scheduler.unheard_since(worker.stream_id, since):
                     worker.cut_off = True
                     silent.append(worker)
         return silent

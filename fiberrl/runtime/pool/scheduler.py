@@ -17,12 +17,15 @@ delivered, after it is released.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
+import time
 from dataclasses import dataclass
 
 from ..backends import listen_host, resolve_name
 from ..config import get_config
 from ..net import wire
+from ..net.errors import LinkError
 from ..net.listener import Listener
 from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
@@ -86,6 +89,9 @@ class Scheduler:
                                      self.wake_condition.notify_all, backup_tasks)
         self._stream_ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}  # the workers' streams by id, until they end
+        # when each stream was last read: a worker sending results is heard, and skips its heartbeats
+        # (processes.lifeline.spoke), so the silence check counts both
+        self.heard: dict[int, float] = {}
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
         self._lifecycle = WorkerLifecycle(self, initializer, initargs, worker_resources, local)
@@ -143,12 +149,26 @@ class Scheduler:
         if stream is not None:
             self.pump.drop(stream, stream_id)
 
+    def unheard_since(self, stream_id: int, since: float) -> bool:
+        """Whether the worker of ``stream_id`` has not spoken over it since ``since``: nothing read, nor
+        waiting to be read (the master too busy to read must not take it for silent, as
+        ``parent_link._last_heard``)."""
+        if self.heard.get(stream_id, -math.inf) >= since:
+            return False
+        stream = self._streams.get(stream_id)
+        try:
+            return stream is None or not stream.readable(0)
+        except (OSError, ValueError, LinkError):  # closed meanwhile: its end is being handled
+            return True
+
     def _on_frames(self, stream: Stream, stream_id: int, frames) -> None:
+        self.heard[stream_id] = time.monotonic()
         for frame in frames:
             self.handle(WorkerRequest(stream, stream_id, frame))
 
     def _on_stream_closed(self, _stream: Stream, stream_id: int) -> None:
         self._streams.pop(stream_id, None)
+        self.heard.pop(stream_id, None)
         with self.lock:
             self.policy.stream_ended(stream_id)
 

@@ -29,7 +29,7 @@ from ..config import get_config
 from ..net import wire
 from ..net.errors import LinkError
 from ..net.dial import connect
-from ..processes.lifeline import beat_less_often
+from ..processes.lifeline import beat_less_often, spoke
 from .preemption import Preemption
 from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
 
@@ -166,6 +166,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
                     status, payload = ask(W_RESULT_GET, report)
                 else:
                     stream.send([bytes((W_RESULT,)), *report])
+                spoke()  # its pool heard it: no heartbeat is needed meanwhile
             if backlog:
                 reply = stream.recv()
                 status, payload = reply[0], memoryview(reply)[1:]

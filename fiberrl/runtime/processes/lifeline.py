@@ -8,10 +8,14 @@ its parent listens for it (``beat_interval``: BEATS_PER_SILENCE times in
 ``silence_timeout``), and asks for an answer only every ``heartbeat_timeout /
 ANSWER_EVERY``: it still finds a hung parent within ``heartbeat_timeout``, and
 a master of thousands of workers answers a few beats in each second instead
-of all.
+of all.  A beat that is not asked to be answered is not sent when the child
+has just spoken to its parent otherwise (``spoke``: a pool worker's results,
+which its pool counts as hearing from it): a master of thousands of busy
+workers reads their results, not their beats as well.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -36,6 +40,21 @@ ANSWER_EVERY = 4
 BEATS_PER_SILENCE = 4
 # seconds between heartbeats once ``beat_less_often`` was called; None: the configured interval
 _slow_interval: float | None = None
+# when this process last spoke to its parent otherwise than over its link (``spoke``), and the beats it sent
+_spoke = -math.inf
+_beats = 0
+
+
+def spoke() -> None:
+    """This process just sent its parent something its parent counts as hearing from it (a pool
+    worker's results, heard by its pool): the next beat, unless it asks for an answer, is not needed."""
+    global _spoke
+    _spoke = time.monotonic()
+
+
+def beats_sent() -> int:
+    """The beats this process has sent its parent (answered ones included)."""
+    return _beats
 
 
 def beat_less_often(seconds: float) -> None:
@@ -66,14 +85,20 @@ def watch_parent(parent: ParentLink) -> threading.Thread:
 
 
 def _watch(parent: ParentLink, interval: float, timeout: float) -> None:
+    global _beats
     answered = time.monotonic()
     while True:
-        parent.wait_lost(max(interval, _slow_interval or 0.0))
+        every = max(interval, _slow_interval or 0.0)
+        parent.wait_lost(every)
         try:
-            since = time.monotonic() - answered
+            now = time.monotonic()
+            since = now - answered
             if since < timeout / ANSWER_EVERY:
-                parent.tell(BEAT)
+                if now - _spoke >= every:  # else heard within a beat's interval already
+                    parent.tell(BEAT)
+                    _beats += 1
                 continue
+            _beats += 1
             # the answer is due within heartbeat_timeout of the last one (and a job that was
             # itself stalled, its host paused, still gives its parent a fair time to answer)
             parent.request(PING, timeout=max(timeout / ANSWER_EVERY, timeout - since))
