@@ -167,8 +167,10 @@ class PBTSweeper(Sweeper):
                                      must=bool(damaged), passed_over=frozenset(passed_over))
                 if donor is None:
                     break
-                if self.members[donor].current.state == "running":  # its run drops old checkpoints
-                    kept = self._keep(standings[donor].checkpoint)
+                running = self.members[donor].current
+                if running.state == "running" and standings[donor].checkpoint and \
+                        (self.sweep_dir / standings[donor].checkpoint).is_relative_to(running.folder):
+                    kept = self._keep(standings[donor].checkpoint)  # its run drops its old checkpoints
                     standings[donor] = replace(standings[donor], checkpoint=kept)
                 # the copy is what is checked
                 donor_damage = self._take_copy(standings[donor].checkpoint, folder) if standings[donor].checkpoint \
