@@ -32,8 +32,8 @@ class Segment:
     paused: bool = False             # it stopped at `until`: the member goes on; else its run has ended
     why: str = ""                    # a failed one's reason
     damage: str = ""                 # what is wrong with its checkpoint, when it is damaged
-    # while it runs, as the sweeper last looked: the metric with the env steps it was logged at, and the
-    # newest checkpoint it has written past its start (relative to the sweep's folder, its env steps)
+    # while it runs, as the sweeper last looked: the metric with the env steps it was logged at, and its
+    # newest checkpoint (relative to the sweep's folder, its env steps): one it wrote, else where it began
     logged: list[tuple[int, float]] = field(default_factory=list)
     newest: Optional[tuple[str, int]] = None
 
