@@ -396,18 +396,22 @@ class PBTSweeper(Sweeper):
             return checkpoint
         kept = source.parent.parent / "copied" / source.name
         kept.parent.mkdir(exist_ok=True)
-        if not kept.exists():
-            try:
-                try:
-                    os.link(source, kept)
-                except FileNotFoundError:
-                    raise
-                except OSError:  # a file system without hard links
-                    with open(source, "rb") as src:
-                        atomic_write(kept, lambda dst: shutil.copyfileobj(src, dst))
-            except FileNotFoundError:
-                return None
+        try:
+            if not kept.exists():
+                self._link_or_copy(source, kept)
+        except FileNotFoundError:
+            return None
         return str(kept.relative_to(self.sweep_dir))
+
+    @staticmethod
+    def _link_or_copy(source: Path, target: Path) -> None:
+        try:
+            os.link(source, target)
+        except FileNotFoundError:
+            raise
+        except OSError:  # a file system without hard links
+            with open(source, "rb") as src:
+                atomic_write(target, lambda dst: shutil.copyfileobj(src, dst))
 
     def _last_timesteps(self, folder: Path) -> int:
         rows = _rows(folder / "metrics.jsonl")
