@@ -11,6 +11,7 @@ from fiberrl.runtime.backends import listen_host
 from fiberrl.runtime.net.errors import PeerGone
 from fiberrl.runtime.net.transport import ERROR, MISSING, OK
 from fiberrl.runtime.processes.hub import BEAT, LAUNCH, PING, get_hub
+from fiberrl.runtime.net.stream_pump import StreamPump
 from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
 
 
@@ -161,3 +162,67 @@ def test_the_parent_hears_each_job_and_can_hang_up_on_one(links):
     assert first.wait_lost(10) and not first.alive
     assert parent.heard(b"first") is None
     assert second.request(PING, timeout=10)[0] == OK and parent.heard(b"second") is not None
+
+
+def test_a_link_carries_a_service_its_replies_and_the_services_frames_each_to_its_reader(links):
+    """A pool's worker speaks to its pool over its job's link (CARRY): the service reads the link
+    from then on, and answers the link's own requests through ChildLinks.answer; on the job's side
+    one thread waits for the service's frames while another asks over the link, and each gets its
+    own, whichever of them read it.  A service the parent does not have is refused (None)."""
+    ended = []
+
+    def handle(op, body, link):
+        if op == LAUNCH:
+            parent.name(link, bytes(body))
+        return OK, bytes(body)
+
+    def on_frames(stream, link, frames):
+        for frame in frames:
+            if frame[0] < 20:
+                parent.answer(stream, link, [frame])
+            else:
+                stream.send([bytes((OK,)), bytes(frame[1:])])  # the service's echo
+    service = StreamPump(on_frames, lambda stream, link: ended.append(link), "test-service")
+
+    def take(stream, link):
+        service.add(stream, link)
+        return lambda: service.drop(stream, link)
+    parent = links(handle)
+    parent.carry("the-service", take)
+    link = ParentLink(parent.address, connect_timeout=10)
+    try:
+        link.request(LAUNCH, b"job", timeout=10)
+        assert link.carry("no-such-service", timeout=10) is None
+        carried = link.carry("the-service", timeout=10)
+        assert carried is not None
+        wrong = []
+
+        def serve_side():
+            for i in range(300):
+                carried.send([bytes((21,)), f"s{i}".encode()])
+                reply = carried.recv()
+                if reply != bytearray(bytes((OK,)) + f"s{i}".encode()):
+                    wrong.append(bytes(reply))
+
+        def link_side():
+            for i in range(300):
+                if bytes(link.request(PING, f"p{i}".encode(), timeout=30)[1]) != f"p{i}".encode():
+                    wrong.append(i)
+        threads = [threading.Thread(target=serve_side), threading.Thread(target=link_side)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not wrong and not any(t.is_alive() for t in threads)
+        assert parent.heard(b"job") is not None
+        parent.hang_up(b"job")  # through the service that reads it
+        assert link.wait_lost(10)
+        deadline = time.monotonic() + 10
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ended) == 1
+        parent.ended(ended[0])
+        assert parent.heard(b"job") is None
+    finally:
+        link.close()
+        service.close()

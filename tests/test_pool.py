@@ -367,8 +367,28 @@ LOW_OPEN_FILES = textwrap.dedent("""
 """)
 
 
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux's /proc to count a process's files")
+def test_the_master_holds_one_stream_a_worker():
+    """A worker speaks to its pool over its job's link to the master (which carries the pool's
+    messages too), not over a stream of its own: a local stream holds two of the master's files
+    (its socket, the pipe its frames come through), so a worker held four or more with two streams."""
+    with mp.Pool(2) as pool:
+        pool.map(abs, range(4))
+        assert wait_until(lambda: pool.statistics().workers_alive == 2, 60)
+        small = open_files()
+    with mp.Pool(10) as pool:
+        pool.map(abs, range(40))
+        assert wait_until(lambda: pool.statistics().workers_alive == 10, 60)
+        large = open_files()
+    assert (large - small) / 8 <= 2.5, (small, large)
+
+
 def test_a_pool_lifts_a_low_soft_limit_on_open_files(tmp_path, script_env):
-    """A master holds ~4 fds per local worker: a soft limit of 1024 would stop a pool at a few hundred."""
+    """A master holds ~2 fds per local worker: a soft limit of 1024 would stop a pool at a few hundred."""
     script = tmp_path / "low_open_files.py"
     script.write_text(LOW_OPEN_FILES)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=script_env)

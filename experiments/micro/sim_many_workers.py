@@ -1,6 +1,6 @@
 """Thousands of pool workers on one master, by simulation: what the master spends as the cluster grows.
 
-    python experiments/micro/sim_many_workers.py [--workers 16,256,1024,4096,9000] [--task-s 0.2]
+    python experiments/micro/sim_many_workers.py [--workers 16,256,1024,4096,10000] [--task-s 0.2]
                                            [--zero-tasks 20000] [--rounds 3] [--simulators 2]
 
 A real ``Pool`` in this process starts W workers on a backend of the bench's own (``simulated``):
@@ -41,8 +41,9 @@ largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU
 zero-cost task (the same tasks at every W, so only what grows with W can move it: heartbeats
 included), the tasks per second are the chunked ones at the largest W.
 
-The master holds two streams a worker (its link and its pool stream): W is bounded here by the
-open-files limit (``ulimit -n``), which this script raises to its hard limit.
+The master holds one stream a worker, its job's link, which carries the pool's messages too
+(``parent_link.CARRY``; on the commits before it, two: the link and a pool stream): W is bounded
+here by the open-files limit (``ulimit -n``), which this script raises to its hard limit.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ from fiberrl.runtime.net.errors import LinkError
 from fiberrl.runtime.net.transport import OK
 from fiberrl.runtime.pool.protocol import (CHUNK, CHUNK_ID, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET,
                                            W_START, WORKER_ID)
-from fiberrl.runtime.processes import hub, lifeline
+from fiberrl.runtime.processes import hub, lifeline, parent_link
 from fiberrl.runtime.processes.hub import LAUNCH, PING
 
 # as the runtime's lifeline beats (getattr: the bench also measures the commits before a beat
@@ -85,6 +86,10 @@ ANSWER_EVERY = getattr(lifeline, "ANSWER_EVERY", math.inf)
 # as its workers do since their pool counts their results as hearing from them: a beat that asks for no
 # answer is left out by a worker that sent results within a beat's interval
 QUIET_WHILE_SPEAKING = hasattr(lifeline, "spoke")
+# as its workers do since a job's link carries its pool: one stream, the link's replies marked (getattr:
+# the bench also measures the commits before, a link and a pool stream a worker)
+CARRY = getattr(parent_link, "CARRY", None)
+REPLY = getattr(parent_link, "REPLY", None)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -249,13 +254,19 @@ class Simulator:
         try:
             link = connect(parent)
             link.send([bytes((LAUNCH,)), bytes.fromhex(process_id)])
-            reply = link.recv()
-            if reply[0] != OK:
+            status, payload = link_reply(link.recv())
+            if status != OK:
                 raise RuntimeError(f"{job_id}: its parent had no task for it")
-            _prep, body = pickle.loads(memoryview(reply)[1:])
+            _prep, body = pickle.loads(payload)
             process = cloudpickle.loads(body)
             master, worker_id = process._args[0], process._args[1]
-            pool = connect(master)
+            if CARRY is not None:  # as pool.worker.stream_to: the link carries the pool
+                link.send([bytes((CARRY,)), master.encode()])
+                if link_reply(link.recv())[0] != OK:
+                    raise RuntimeError(f"{job_id}: its parent's link would not carry the pool")
+                pool = link
+            else:
+                pool = connect(master)
             pool.send([bytes((W_HELLO,)), WORKER_ID.pack(worker_id)])
             if pool.recv()[0] != OK:
                 raise RuntimeError(f"{job_id}: the pool did not want it")
@@ -270,7 +281,8 @@ class Simulator:
         self.workers[worker.job_id] = worker
         self.counts["workers"] += 1
         self.selector.register(worker.link.sock, selectors.EVENT_READ, ("link", worker))
-        self.selector.register(worker.pool.sock, selectors.EVENT_READ, ("pool", worker))
+        if worker.pool is not worker.link:
+            self.selector.register(worker.pool.sock, selectors.EVENT_READ, ("pool", worker))
         worker.beat_due = time.monotonic() + random.random() * self.heartbeat_s
         self.at(worker.beat_due, self.beat, worker)
         self.send(worker, [bytes((W_GET,))])
@@ -326,7 +338,7 @@ class Simulator:
         if worker.ended:
             return
         worker.ended = True
-        for stream in (worker.link, worker.pool):
+        for stream in {worker.link, worker.pool}:
             try:
                 self.selector.unregister(stream.sock)
             except (KeyError, ValueError):
@@ -348,8 +360,8 @@ class Simulator:
         except LinkError as exc:
             self.lost(worker, 0 if kind == "pool" else 75, exc, f"{kind} stream")
             return
-        if kind == "pool":
-            for frame in frames:
+        for frame in frames:  # over the link: the pool's frames, and replies to its PINGs (dropped)
+            if kind == "pool" or (REPLY is not None and frame[0] != REPLY):
                 self.batch(worker, frame)
 
     # -- the lifeline (processes.lifeline): a beat every heartbeat_s, one in heartbeat_timeout /
@@ -418,6 +430,16 @@ class Simulator:
         worker.spoke = time.monotonic()
         if not worker.ended:
             self.next_chunk(worker)
+
+
+def link_reply(frame) -> tuple[int, memoryview]:
+    """A reply over a job's link: (status, payload), past the REPLY byte where the runtime marks them."""
+    body = memoryview(frame)
+    if REPLY is not None:
+        if body[0] != REPLY:
+            raise RuntimeError("a reply over the link did not begin with REPLY")
+        body = body[1:]
+    return body[0], body[1:]
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -517,7 +539,7 @@ def raise_open_files() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", default="16,256,1024,4096,9000")
+    parser.add_argument("--workers", default="16,256,1024,4096,10000")
     parser.add_argument("--task-s", type=float, default=0.2)
     parser.add_argument("--zero-tasks", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -529,9 +551,11 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(w) for w in args.workers.split(",")]
     limit = raise_open_files()
-    if 2 * max(sizes) + 200 > limit:
-        raise SystemExit(f"--workers {max(sizes)}: the master holds two streams a worker, and this machine lets a "
-                         f"process open {limit} files (ulimit -Hn): at most {(limit - 200) // 2} workers")
+    per_worker = 1 if CARRY is not None else 2
+    if per_worker * max(sizes) + 200 > limit:
+        most = (limit - 200) // per_worker
+        raise SystemExit(f"--workers {max(sizes)}: the master holds {per_worker} stream(s) a worker, and this machine "
+                         f"lets a process open {limit} files (ulimit -Hn): at most {most} workers")
     SimulatedBackend.simulators = args.simulators
     backends.register("simulated", "__main__:SimulatedBackend")
     mp.configure(backend="simulated", start_timeout=args.connect_timeout, cpu_per_job=0, mem_per_job=0)

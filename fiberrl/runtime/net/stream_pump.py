@@ -103,6 +103,7 @@ class StreamPump:
         self._event_waiters = 0  # callers waiting for another caller's reading
         self._closed = False
         self._handling = threading.local()  # .fds: the streams this thread is handling frames of
+        self._let_go: set[int] = set()  # ids of streams released while ``add`` handled their first frames
         self._thread = threading.Thread(target=self._background, name=name, daemon=True)
         self._thread.start()
 
@@ -118,6 +119,10 @@ class StreamPump:
                 return
             if frames:
                 self._on_frames(stream, key, frames)
+            with self._lock:
+                if id(stream) in self._let_go:  # a handler of those frames gave it to another reader
+                    self._let_go.discard(id(stream))
+                    return
             if len(frames) < BATCH:
                 break
         fd = stream.fileno()
@@ -241,6 +246,8 @@ class StreamPump:
                     log.exception("handling a message from %s failed", stream.peer)
                 finally:
                     handling.pop()
+                if self._streams.get(fd, (None,))[0] is not stream:
+                    return False  # released or dropped by a handler of those frames: no longer read here
             if len(frames) < BATCH:
                 # the rest, if any, is still in the kernel, where the poller sees it; a full batch
                 # may have left frames in the stream's own buffer, which it does not
@@ -250,6 +257,22 @@ class StreamPump:
         """End ``stream`` from this side: ``on_closed`` runs as if its peer had ended it (once,
         whichever ends it first), and frames that arrive after are never read."""
         self._drop(stream.fileno(), stream, key)
+
+    def release(self, stream: Stream) -> None:
+        """Stop reading ``stream`` without ending it (another reader takes it over: a job's link
+        that carries a pool's protocol too).  Called by a handler of its frames, before anything
+        else reads it: frames already read are the handler's to pass on."""
+        with self._lock:
+            fd = stream.fileno()
+            entry = self._streams.get(fd)
+            if entry is None or entry[0] is not stream:  # still in ``add``: it stops there
+                self._let_go.add(id(stream))
+                return
+            del self._streams[fd]
+            try:
+                self._poller.remove(fd)
+            except (OSError, ValueError, KeyError):
+                pass
 
     def _rearm(self, fd: int) -> None:
         try:

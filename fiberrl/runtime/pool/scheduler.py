@@ -4,7 +4,9 @@ CLOSE (no more tasks; workers end once everything is done) or TERMINATE
 workers' requests and keeps the statistics.
 
 Each worker talks to the pool over one authenticated stream
-(:mod:`fiberrl.runtime.net.stream`, messages in :mod:`.protocol`); the
+(:mod:`fiberrl.runtime.net.stream`, messages in :mod:`.protocol`): its job's
+link to this process, which carries the pool's messages too
+(``parent_link.CARRY``), or one of its own where it has no such link.  The
 pool's :class:`StreamPump` reads them all and runs :meth:`Scheduler.handle`
 on the workers' requests, on the thread of a caller waiting for a result
 when there is one; a stream that ends is a worker lost.  Every decision is
@@ -29,6 +31,8 @@ from ..net.errors import LinkError
 from ..net.listener import Listener
 from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
+from ..processes.hub import get_hub
+from ..processes.parent_link import ChildLink
 from .cpu_gate import CpuGate, usable_cores
 from .dispatch import CLOSE, RUN, TERMINATE, DispatchPolicy
 from .lifecycle import OVERSUBSCRIBED_NICE, WorkerLifecycle
@@ -92,8 +96,11 @@ class Scheduler:
         # when each stream was last read: a worker sending results is heard, and skips its heartbeats
         # (processes.lifeline.spoke), so the silence check counts both
         self.heard: dict[int, float] = {}
+        self._links: dict[int, ChildLink] = {}  # the workers' jobs' links that carry the pool, by stream id
         self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
+        self._hub = get_hub()
+        self._hub.carry(self._listener.address, self._take_link)
         self._lifecycle = WorkerLifecycle(self, initializer, initargs, worker_resources, local)
         self._lifecycle.start()
 
@@ -143,6 +150,14 @@ class Scheduler:
         self._streams[stream_id] = stream
         self.pump.add(stream, stream_id)
 
+    def _take_link(self, stream: Stream, link: ChildLink):
+        """A worker's job's link, carrying the pool from now on: read here, as a worker's stream."""
+        stream_id = next(self._stream_ids)
+        self._streams[stream_id] = stream
+        self._links[stream_id] = link
+        self.pump.add(stream, stream_id)
+        return lambda: self.hang_up(stream_id)
+
     def hang_up(self, stream_id: int) -> None:
         """End a worker's stream from this side: the worker is lost, and what it sends after is never read."""
         stream = self._streams.get(stream_id)
@@ -162,13 +177,22 @@ class Scheduler:
             return True
 
     def _on_frames(self, stream: Stream, stream_id: int, frames) -> None:
-        self.heard[stream_id] = time.monotonic()
+        self.heard[stream_id] = now = time.monotonic()
+        link = self._links.get(stream_id)
+        if link is not None:
+            link.heard = now
         for frame in frames:
-            self.handle(WorkerRequest(stream, stream_id, frame))
+            if link is not None and frame and frame[0] < W_HELLO:  # the job's own, over its link
+                self._hub.answer_link(stream, link, [frame])
+            else:
+                self.handle(WorkerRequest(stream, stream_id, frame))
 
     def _on_stream_closed(self, _stream: Stream, stream_id: int) -> None:
         self._streams.pop(stream_id, None)
         self.heard.pop(stream_id, None)
+        link = self._links.pop(stream_id, None)
+        if link is not None:
+            self._hub.link_ended(link)
         with self.lock:
             self.policy.stream_ended(stream_id)
 
@@ -228,8 +252,15 @@ class Scheduler:
         self._lifecycle.join()
         for worker in list(self.policy.workers.values()):
             worker.process.join()
+        self._stop_listening()
+
+    def _stop_listening(self) -> None:
+        self._hub.stop_carrying(self._listener.address)
         self._listener.close()
         self.pump.close()
+        for link in list(self._links.values()):  # closed with the pump, unreported
+            self._hub.link_ended(link)
+        self._links.clear()
 
     def terminate(self) -> None:
         with self.lock:
@@ -246,8 +277,7 @@ class Scheduler:
         for worker in workers:
             worker.process.join(10)
         self.fail_everything(PoolTerminated("the pool was terminated before this result arrived"))
-        self._listener.close()
-        self.pump.close()
+        self._stop_listening()
 
     def fail_everything(self, error: BaseException) -> None:
         with self.lock:

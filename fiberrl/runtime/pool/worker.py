@@ -30,6 +30,7 @@ from ..net import wire
 from ..net.errors import LinkError
 from ..net.dial import connect
 from ..processes.lifeline import beat_less_often, spoke
+from ..processes.parent_link import job_link
 from .preemption import Preemption
 from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
 
@@ -105,6 +106,18 @@ class ChunkClock:
         return wall, min(1.0, (self._busy_ns() - self._busy) / 1e9 / wall)
 
 
+def stream_to(master: str):
+    """The worker's stream to its pool: its job's link to its parent, the pool's process, carrying
+    the pool's messages too (the master then holds one stream a worker, not two); a stream of its
+    own where its parent has no such pool or the worker is no job."""
+    link = job_link()
+    if link is not None:
+        carried = link.carry(master, timeout=get_config().start_timeout)
+        if carried is not None:
+            return carried
+    return connect(master)
+
+
 def leave(stream) -> None:
     """Told to stop: ask once more and wait for the master's CLOSED, sent once it has handled
     everything sent before; a stream ending right after a result may be handled first, and the
@@ -125,7 +138,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
         beat_less_often(OVERSUBSCRIBED_HEARTBEAT)
     preemption = Preemption(get_config().preempt_grace)
     preemption.install()
-    stream = connect(master)
+    stream = stream_to(master)
 
     def ask(op: int, parts=()):
         stream.send([bytes((op,)), *parts])

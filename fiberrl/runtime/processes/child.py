@@ -21,7 +21,7 @@ from .hub import LAUNCH, OUTPUT, REPORT, shutdown_hub
 from .lifeline import watch_parent
 from .main_module import import_parents_main, refused_start
 from .output import FORWARD_OUTPUT_ENV, OutputForwarder
-from .parent_link import ParentLink
+from .parent_link import ParentLink, set_job_link
 from .process import become
 from .resource_tracking import TRACKER_ENV, use_parents_tracker
 
@@ -95,6 +95,7 @@ def main() -> None:
         _fail(f"cannot fetch its task from the parent: {exc}")
     if status != OK:
         _fail("the parent has no task for this process (already started, or withdrawn)")
+    set_job_link(parent)
     watch_parent(parent)
     forwarder = OutputForwarder(parent, OUTPUT) if os.environ.pop(FORWARD_OUTPUT_ENV, None) else None
 

@@ -27,7 +27,8 @@ from .startup import prepare_process
 
 log = logging.getLogger("fiberrl")
 
-# a job's requests over its link; BEAT, its word that it lives, is not answered
+# a job's requests over its link; BEAT, its word that it lives, is not answered (8 is the link's
+# own: parent_link.CARRY)
 PING, LAUNCH, REPORT, OUTPUT, BEAT = 3, 4, 5, 6, 7
 # requests to hosted objects (Q_CLOSE releases one writer handle; a pipe closes with its last)
 Q_PUT, Q_GET, Q_SIZE, Q_CLOSE, Q_HOLD, Q_PEND, Q_UNPEND = 10, 11, 12, 13, 14, 15, 16
@@ -154,6 +155,23 @@ class Hub:
         """End the link of ``process_id``'s job (see ChildLinks.hang_up)."""
         if self._child_links is not None:
             self._child_links.hang_up(process_id)
+
+    def carry(self, address: str, take) -> None:
+        """Let this process's jobs speak to its service at ``address`` over their links
+        (``ChildLinks.carry``)."""
+        self.child_address  # noqa: B018 -- the links are read from here on
+        self._child_links.carry(address, take)
+
+    def stop_carrying(self, address: str) -> None:
+        if self._child_links is not None:
+            self._child_links.stop_carrying(address)
+
+    def answer_link(self, stream, link: ChildLink, frames) -> None:
+        """Answer requests read from a link a service carries (``ChildLinks.answer``)."""
+        self._child_links.answer(stream, link, frames)
+
+    def link_ended(self, link: ChildLink) -> None:
+        self._child_links.ended(link)
 
     def _serve_child(self, op: int, body: memoryview, link: ChildLink) -> tuple[int, bytes] | None:
         """A request over a job's link; None: it wants no answer."""

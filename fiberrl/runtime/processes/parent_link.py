@@ -7,24 +7,41 @@ no thread of its own (the job's lifeline watches it).  On the parent's side
 one thread reads the links of all its jobs.
 
 Requests are answered in the order sent, one at a time: a request is the op
-byte and its body; a reply is the status byte and its payload.
+byte and its body; a reply is :data:`REPLY`, the status byte and its payload.
+
+A link may carry the protocol of a service of its parent as well (``CARRY``,
+naming the service's address): a pool's worker speaks to its pool over its
+link, so the master holds one stream a worker, not two.  Once the parent
+says yes, the service's reader reads the link (its own frames, and the
+link's requests, which it passes to :meth:`ChildLinks.answer`), and the job
+reads both kinds of frame from it: whichever of its threads waits reads,
+and files what is the other's where it finds it (replies over the link
+begin with :data:`REPLY`, a byte no status of a service is).
 """
 from __future__ import annotations
 
+import os
 import select
 import threading
 import time
+from collections import deque
 
 from ..net.errors import LinkError, PeerGone
 from ..net.listener import Listener
 from ..net.dial import connect
 from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
-from ..net.transport import ERROR
+from ..net.transport import ERROR, MISSING, OK
 
 # the kernel says a peer hung up without a byte being read (Linux; elsewhere a heartbeat finds out)
 _HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
+
+# the first byte of every reply over a link; the frames of a service the link carries begin otherwise
+REPLY = 0xFF
+# a job's request: from now on the link also carries the service at the address in the body (answered
+# OK, or MISSING where the parent has no such service); the op codes of the link's other requests are the hub's
+CARRY = 8
 
 # how long the links' reader rests between polls: thousands of jobs' beats are then read a few
 # dozen to a poll instead of one, and a job's request waits at most this long more
@@ -33,13 +50,15 @@ LINGER = 0.005
 
 class ChildLink:
     """One job's link as its parent sees it: when the job last spoke over it (its heartbeat
-    every ``lifeline.beat_interval()``) and, once it asked for its task, which process it is."""
-    __slots__ = ("stream", "heard", "process_id")
+    every ``lifeline.beat_interval()``), once it asked for its task which process it is, and once
+    a service of the parent reads it (``CARRY``) how that service ends it."""
+    __slots__ = ("stream", "heard", "process_id", "end")
 
     def __init__(self, stream: Stream):
         self.stream = stream
         self.heard = time.monotonic()
         self.process_id: bytes | None = None
+        self.end = None
 
 
 def _last_heard(link: ChildLink) -> float:
@@ -59,6 +78,7 @@ class ChildLinks:
         self._handle = handle
         self._extra: list[Listener] = []
         self._named: dict[bytes, ChildLink] = {}
+        self._carriers: dict[str, object] = {}  # services a link may carry, by address
         self._pump = StreamPump(self._on_frames, self._on_closed, "fiberrl-child-links", linger=LINGER)
         self._listener = Listener(host, self._adopt, hand_off=True, name="children")
         self.address = self._listener.address
@@ -91,14 +111,48 @@ class ChildLinks:
         """End the link of ``process_id``'s job: once it can hear, the job sees its parent gone
         and exits (its lifeline), so a job given up for lost cannot come back."""
         link = self._named.get(process_id)
-        if link is not None:
+        if link is None:
+            return
+        if link.end is not None:
+            link.end()
+        else:
             self._pump.drop(link.stream, link)
 
-    def _on_closed(self, _stream: Stream, link: ChildLink) -> None:
+    def carry(self, address: str, take) -> None:
+        """Let links carry the service at ``address``: ``take(stream, link)`` is given each link
+        that asks to, and reads it from then on; it returns how to end that link (a callable),
+        and calls :meth:`ended` once the link has ended."""
+        self._carriers[address] = take
+
+    def stop_carrying(self, address: str) -> None:
+        self._carriers.pop(address, None)
+
+    def ended(self, link: ChildLink) -> None:
+        """A link read by a service has ended."""
         if link.process_id is not None and self._named.get(link.process_id) is link:
             del self._named[link.process_id]
 
+    def _on_closed(self, _stream: Stream, link: ChildLink) -> None:
+        self.ended(link)
+
     def _on_frames(self, stream: Stream, link: ChildLink, frames) -> None:
+        for i, frame in enumerate(frames):
+            if frame and frame[0] == CARRY:
+                self.answer(stream, link, frames[:i])
+                take = self._carriers.get(bytes(frame[1:]).decode("utf-8", "replace"))
+                if take is None:
+                    self._send(stream, MISSING, b"")
+                    return self.answer(stream, link, frames[i + 1:])
+                # the job sends nothing of the service before this answer, and its link's next
+                # request only after it: the rest of this batch, if any, is the link's, answered here
+                self._pump.release(stream)
+                link.end = take(stream, link)
+                self._send(stream, OK, b"")
+                return self.answer(stream, link, frames[i + 1:])
+        self.answer(stream, link, frames)
+
+    def answer(self, stream: Stream, link: ChildLink, frames) -> None:
+        """Answer the link's requests among ``frames`` (and count the job heard)."""
         link.heard = time.monotonic()
         for frame in frames:
             try:
@@ -107,11 +161,16 @@ class ChildLinks:
                 answer = ERROR, repr(exc).encode()
             if answer is None:  # a heartbeat: heard, and not answered
                 continue
-            status, payload = answer
-            try:
-                stream.send([bytes((status,)), payload])
-            except LinkError:
+            if not self._send(stream, *answer):
                 return  # the job is gone
+
+    @staticmethod
+    def _send(stream: Stream, status: int, payload) -> bool:
+        try:
+            stream.send([bytes((REPLY, status)), payload])
+            return True
+        except LinkError:
+            return False
 
     def close(self) -> None:
         for listener in [self._listener, *self._extra]:
@@ -129,8 +188,15 @@ class ParentLink:
             self._stream = connect(address, timeout=connect_timeout)
         except (LinkError, OSError) as exc:
             raise PeerGone(f"cannot reach the parent at {address}: {exc}") from None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one request at a time: sent, and its reply read
         self._lost = threading.Event()
+        # the stream is read by whichever thread waits for a frame (a request's reply, or the carried
+        # service's next frame), which files what is the other's here
+        self._read = threading.Condition()
+        self._reading = False
+        self._replies: deque[bytearray] = deque()
+        self._carried: deque[bytearray] = deque()
+        self._error: LinkError | None = None
 
     def request(self, op: int, body=b"", timeout: float | None = None) -> tuple[int, memoryview]:
         """Send one request and wait for its reply: (status, payload)."""
@@ -139,28 +205,52 @@ class ParentLink:
                 raise PeerGone(f"the parent at {self.address} is gone")
             try:
                 self._stream.send([bytes((op,)), body])
-                reply = self._stream.recv() if timeout is None else self._reply_within(timeout)
+                reply = self._next(True, timeout)
             except LinkError as exc:
                 self._lost.set()
                 raise PeerGone(str(exc)) from None
-        if not reply:
-            raise PeerGone(f"the parent at {self.address} sent an empty reply")
-        return reply[0], memoryview(reply)[1:]
-
-    def _reply_within(self, timeout: float) -> bytearray:
-        deadline = time.monotonic() + timeout
-        poller = select.poll()
-        poller.register(self._stream.fileno(), select.POLLIN | _HANG_UP)
-        while True:
-            # what has arrived may be part of the reply: read what is there, then wait
-            # for the stream itself
-            frames = self._stream.recv_ready(most=1)
-            if frames:
-                return frames[0]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(remaining * 1000):
+            except TimeoutError:
                 self._lost.set()
-                raise TimeoutError(f"the parent at {self.address} did not answer in {timeout} s")
+                raise TimeoutError(f"the parent at {self.address} did not answer in {timeout} s") from None
+        if len(reply) < 2 or reply[0] != REPLY:
+            raise PeerGone(f"the parent at {self.address} sent a malformed reply")
+        return reply[1], memoryview(reply)[2:]
+
+    def _next(self, reply: bool, timeout: float | None) -> bytearray:
+        """The next reply (``reply``) or frame of the carried service, read by this thread unless
+        another reads: then it waits for that thread to file it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wanted = self._replies if reply else self._carried
+        while True:
+            with self._read:
+                while True:
+                    if wanted:
+                        return wanted.popleft()
+                    if self._error is not None:
+                        raise type(self._error)(*self._error.args)
+                    if not self._reading:
+                        break
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    self._read.wait(left)
+                self._reading = True
+            frame = None
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if left is not None and not self._stream.readable(left):
+                    raise TimeoutError
+                frame = self._stream.recv()
+            except LinkError as exc:
+                with self._read:
+                    self._error = exc
+                raise
+            finally:
+                with self._read:
+                    self._reading = False
+                    if frame is not None:
+                        (self._replies if frame[:1] == _REPLY_BYTE else self._carried).append(frame)
+                    self._read.notify_all()
 
     def tell(self, op: int, body=b"") -> None:
         """Send one message that wants no answer."""
@@ -172,6 +262,12 @@ class ParentLink:
             except LinkError as exc:
                 self._lost.set()
                 raise PeerGone(str(exc)) from None
+
+    def carry(self, address: str, timeout: float) -> "CarriedStream | None":
+        """The link, carrying the parent's service at ``address`` too (``CARRY``); None where the
+        parent has no such service (any more)."""
+        status, _ = self.request(CARRY, address.encode(), timeout=timeout)
+        return CarriedStream(self) if status == OK else None
 
     def wait_lost(self, timeout: float) -> bool:
         """Block until the parent hangs up or ``timeout`` passes; True if it did."""
@@ -193,3 +289,39 @@ class ParentLink:
     def close(self) -> None:
         self._lost.set()
         self._stream.close()
+
+
+_REPLY_BYTE = bytes((REPLY,))
+
+
+class CarriedStream:
+    """The frames of a service a job's link carries, as the service's code would use a stream of
+    its own: ``send``, ``recv``; ``close`` leaves the link to the job's lifeline."""
+
+    def __init__(self, link: ParentLink):
+        self._link = link
+
+    def send(self, parts) -> None:
+        self._link._stream.send(parts)
+
+    def recv(self) -> bytearray:
+        return self._link._next(False, None)
+
+    def close(self) -> None:
+        pass
+
+
+# this job's link to its parent (set by the job's entry point), for the services it may carry,
+# with the process it is this job's in (a process forked from the job is not the job)
+_this_job: tuple[int, ParentLink] | None = None
+
+
+def set_job_link(link: ParentLink) -> None:
+    global _this_job
+    _this_job = os.getpid(), link
+
+
+def job_link() -> ParentLink | None:
+    """This job's link to its parent; None in a process that is no job of fiberrl's."""
+    job = _this_job
+    return job[1] if job is not None and job[0] == os.getpid() else None
