@@ -238,3 +238,20 @@ def test_workers_that_cannot_reach_the_pool_fail_its_results_within_start_timeou
     finally:
         silent.close()
         config.reset()
+
+
+def test_a_callback_that_blocks_the_pools_reader_past_heartbeat_timeout_loses_no_worker():
+    """A worker's link to its master carries its pool, so the pool's reader answers the worker's
+    pings: a callback that holds the thread reading (here the background reader: no caller waits)
+    longer than ``heartbeat_timeout`` must not leave those pings unanswered, or every worker would
+    take its master for hung and exit.  Another thread reads meanwhile."""
+    mp.configure(heartbeat_timeout=2)
+    with mp.Pool(2) as pool:
+        assert pool.map(slow_square, range(4)) == [0, 1, 4, 9]
+        blocked = threading.Event()
+        pool.apply_async(abs, (-1,), callback=lambda _: (blocked.set(), time.sleep(5)))
+        assert blocked.wait(30)
+        time.sleep(5)  # nobody calls get(): only the background reader reads, and it is held
+        assert pool.map(slow_square, range(6)) == [x * x for x in range(6)]
+        stats = pool.statistics()
+    assert stats.worker_restarts == 0 and stats.workers_cut_off == 0, stats

@@ -13,6 +13,13 @@ are still noticed.
 On Linux each stream is armed one-shot in one epoll set: however many
 threads poll, a stream is read by one of them at a time and its frames are
 handled in order.  Elsewhere only the background thread reads.
+
+What may take long (a pool's result runs its caller's callback) a handler
+leaves for ``later``: it runs on the same thread once the stream's frames
+are handled and the stream is armed again.  Once a handler or what it left
+has held a thread reading for ``RELIEF_AFTER``, a relief thread reads until
+it returns: the jobs' links a pool carries still have their pings answered
+(the one whose result runs the callback too), and the workers their work.
 """
 from __future__ import annotations
 
@@ -35,6 +42,9 @@ BATCH = 64
 TAKEOVER_GRACE = 0.001
 # how often a guest reader (see StreamPump.wait) looks whether another thread completed its result
 GUEST_SLICE = 0.01
+# seconds a handler may hold the thread reading before the relief thread reads the other streams: well
+# inside the quarter of heartbeat_timeout in which a job asks its parent for an answer (7.5 s at the default)
+RELIEF_AFTER = 0.5
 
 
 class _OneShotEpoll:
@@ -104,8 +114,15 @@ class StreamPump:
         self._closed = False
         self._handling = threading.local()  # .fds: the streams this thread is handling frames of
         self._let_go: set[int] = set()  # ids of streams released while ``add`` handled their first frames
+        self._handler_since: dict[int, float] = {}  # by thread: when the handler it runs began
+        self._began = threading.Event()  # a handler began since the relief thread last looked
+        self._ending = threading.Event()
         self._thread = threading.Thread(target=self._background, name=name, daemon=True)
         self._thread.start()
+        self._relief = None
+        if self._poller.shared:  # elsewhere one thread only may read
+            self._relief = threading.Thread(target=self._relieve, name=f"{name}-relief", daemon=True)
+            self._relief.start()
 
     def add(self, stream: Stream, key) -> None:
         # what arrived with the handshake may already sit in the stream's buffer, where
@@ -143,7 +160,7 @@ class StreamPump:
         this thread runs no callback, or the platform allows one reader only):
         then wait for ``done`` otherwise."""
         me = threading.get_ident()
-        handling = getattr(self._handling, "fds", ())
+        handling = getattr(self._handling, "fds", ()) or getattr(self._handling, "in_later", 0)
         with self._lock:
             if not self._poller.shared or self._closed:
                 return None
@@ -160,7 +177,7 @@ class StreamPump:
         # called from a callback while this thread handles a stream's frames: that
         # stream is disarmed until they are handled, yet the result waited for may
         # come over it (the task went to the worker whose result ran the callback)
-        for fd in handling:
+        for fd in getattr(self._handling, "fds", ()):
             self._rearm(fd)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -209,6 +226,62 @@ class StreamPump:
             if self._linger:
                 time.sleep(self._linger)
 
+    def later(self, call) -> None:
+        """Run ``call`` on this thread once the frames it handles are handled and their stream is
+        armed again (it may take long: a result's callback); at once where it handles none."""
+        pending = getattr(self._handling, "later", None)
+        if pending is None:
+            call()
+        else:
+            pending.append(call)
+
+    def _run_later(self, calls: list) -> None:
+        outermost = self._held_from()
+        self._handling.in_later = getattr(self._handling, "in_later", 0) + 1
+        try:
+            for call in calls:
+                try:
+                    call()
+                except Exception:
+                    log.exception("a call left for after a stream's frames failed")
+        finally:
+            self._handling.in_later -= 1
+            self._held_until(outermost)
+
+    def _held_from(self) -> bool:
+        """Note that this thread, reading, runs a handler from now (unless it already did)."""
+        me = threading.get_ident()
+        if me in self._handler_since:
+            return False
+        self._handler_since[me] = time.monotonic()
+        if not self._began.is_set():
+            self._began.set()
+        return True
+
+    def _held_until(self, outermost: bool) -> None:
+        if outermost:
+            del self._handler_since[threading.get_ident()]
+
+    def _relieve(self) -> None:
+        """Read while a handler has held the thread reading for over RELIEF_AFTER (one-shot arming
+        keeps the stream it handles, and any other, to one reader)."""
+        me = threading.get_ident()
+        while True:
+            self._began.wait()  # asleep while nothing is handled: no wake-ups in an idle process
+            self._began.clear()
+            while not self._closed:
+                held = [since for ident, since in list(self._handler_since.items()) if ident != me]
+                if not held:
+                    break
+                waited = time.monotonic() - min(held)
+                if waited < RELIEF_AFTER:
+                    if self._ending.wait(RELIEF_AFTER - waited):
+                        return
+                    continue
+                self._poll_once(RELIEF_AFTER)
+            if self._closed:
+                return
+
     def _poll_once(self, timeout: float | None) -> None:
         try:
             ready = self._poller.poll(timeout)
@@ -226,11 +299,15 @@ class StreamPump:
             if entry is None:
                 continue
             stream, key = entry
-            if self._serve_ready(fd, stream, key):
+            later = []
+            if self._serve_ready(fd, stream, key, later):
                 self._rearm(fd)
+            if later:
+                self._run_later(later)
 
-    def _serve_ready(self, fd: int, stream: Stream, key) -> bool:
-        """Handle every frame that has arrived on ``stream``; False if it closed."""
+    def _serve_ready(self, fd: int, stream: Stream, key, later: list) -> bool:
+        """Handle every frame that has arrived on ``stream``, what its handlers leave for later
+        into ``later``; False if it closed."""
         while True:
             try:
                 frames = stream.recv_ready(most=BATCH)
@@ -240,12 +317,17 @@ class StreamPump:
             if frames:
                 handling = self._handling.__dict__.setdefault("fds", [])
                 handling.append(fd)
+                outer_later = getattr(self._handling, "later", None)
+                self._handling.later = later
+                outermost = self._held_from()
                 try:
                     self._on_frames(stream, key, frames)
                 except Exception:
                     log.exception("handling a message from %s failed", stream.peer)
                 finally:
                     handling.pop()
+                    self._handling.later = outer_later
+                    self._held_until(outermost)
                 if self._streams.get(fd, (None,))[0] is not stream:
                     return False  # released or dropped by a handler of those frames: no longer read here
             if len(frames) < BATCH:
@@ -308,14 +390,17 @@ class StreamPump:
             if self._closed:
                 return
             self._closed = True
+            self._ending.set()
+            self._began.set()
             streams, self._streams = list(self._streams.values()), {}
             self._changed.notify_all()
             try:
                 os.write(self._wake_write, b"x")
             except OSError:
                 pass  # full: a wake is already pending
-        if self._thread is not threading.current_thread():
-            self._thread.join(10)
+        for thread in (self._thread, self._relief):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(10)
         for stream, _ in streams:
             stream.close()
         with self._lock:

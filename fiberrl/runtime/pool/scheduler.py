@@ -236,10 +236,11 @@ class Scheduler:
         # sending under the lock would hold every other stream's reader and the submitters behind
         # this worker's socket; each request is answered once (WorkerRequest.claim), so whichever
         # thread sends it, and when, cannot answer it twice.  The worker's next work goes first:
-        # unpickling results may take a while
+        # unpickling results may take a while, and a callback as long as its caller likes, so they
+        # wait until this worker's stream (its link: its pings) is read again
         send_replies(replies)
-        for chunk, ok, blob in delivered:
-            deliver(chunk, ok, blob)
+        if delivered:
+            self.pump.later(lambda: [deliver(chunk, ok, blob) for chunk, ok, blob in delivered])
 
     # --- ending -------------------------------------------------------------
     def close(self) -> None:
