@@ -269,6 +269,9 @@ class StreamPump:
         while True:
             self._began.wait()  # asleep while nothing is handled: no wake-ups in an idle process
             self._began.clear()
+            # and a look at most every RELIEF_AFTER while handlers come and go: not a wake-up each
+            if self._ending.wait(RELIEF_AFTER):
+                return
             while not self._closed:
                 held = [since for ident, since in list(self._handler_since.items()) if ident != me]
                 if not held:
