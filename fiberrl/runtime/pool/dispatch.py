@@ -79,6 +79,10 @@ class DispatchPolicy:
         self._blobs, self._wake = blobs, wake
         self.pending: deque[Chunk] = deque()
         self.workers: dict[int, Worker] = {}
+        # the workers started and not connected yet, kept apart: the manager looks at them at every
+        # wake, and a pass over all workers a wake made closing a pool of 10,000 O(W^2)
+        self._starting: dict[int, Worker] = {}
+        self._retired_all = False  # a closed pool's workers were all told to retire (retire_all_if_done)
         self.by_stream: dict[int, Worker] = {}
         self.idle: dict[Worker, None] = {}  # parked, nothing in flight
         self.busy: dict[Worker, None] = {}  # parked, room for more
@@ -103,10 +107,16 @@ class DispatchPolicy:
 
     def add_worker(self, worker: Worker) -> None:
         self.workers[worker.id] = worker
+        self._starting[worker.id] = worker
+
+    def forget_worker(self, worker_id: int) -> None:
+        """A worker whose job could not be started."""
+        self.workers.pop(worker_id, None)
+        self._starting.pop(worker_id, None)
 
     def starting(self) -> list[Worker]:
         """Workers started and not connected yet."""
-        return [w for w in self.workers.values() if w.stream_id is None]
+        return list(self._starting.values())
 
     def hello(self, stream_id: int, worker_id: int) -> bool:
         """A worker connected on ``stream_id``; whether the pool still wants it."""
@@ -114,6 +124,7 @@ class DispatchPolicy:
         if worker is None:
             return False
         worker.stream_id = stream_id
+        self._starting.pop(worker_id, None)
         self.by_stream[stream_id] = worker
         return True
 
@@ -323,17 +334,22 @@ class DispatchPolicy:
         return not self.pending and not self.lazy and not any(w.inflight for w in self.workers.values())
 
     def needs_attention(self) -> bool:
-        """Whether the manager thread has something to do now."""
-        active = sum(1 for w in self.workers.values() if not w.retiring)
-        feedable = any(lazy.submission.wants_more for lazy in self.lazy) and len(self.pending) < self.watermark()
-        return bool(self.lost) or (self.state == RUN and active < self.target_size and not self.broken) \
-            or feedable or self.state == TERMINATE \
-            or (self.state == CLOSE and self.all_done() and any(not w.retiring for w in self.workers.values()))
+        """Whether the manager thread has something to do now (what looks at every worker, last)."""
+        if self.lost or self.state == TERMINATE:
+            return True
+        if any(lazy.submission.wants_more for lazy in self.lazy) and len(self.pending) < self.watermark():
+            return True
+        if self.state == RUN:
+            return not self.broken and sum(1 for w in self.workers.values() if not w.retiring) < self.target_size
+        return self.state == CLOSE and not self._retired_all and self.all_done() \
+            and any(not w.retiring for w in self.workers.values())
 
     def retire_all_if_done(self) -> list:
-        """A closed pool with nothing left to do retires every worker."""
-        if self.state != CLOSE or not self.all_done():
+        """A closed pool with nothing left to do retires every worker, once: one that asks for work
+        after is retired as it asks (``park``)."""
+        if self.state != CLOSE or self._retired_all or not self.all_done():
             return []
+        self._retired_all = True
         for worker in self.workers.values():
             worker.retiring = True
         return [r for w in list(self.workers.values()) for r in self.retire_if_done(w)]
@@ -363,6 +379,7 @@ class DispatchPolicy:
         rerun first.  None if that was already handled."""
         if self.workers.pop(worker.id, None) is None:
             return None
+        self._starting.pop(worker.id, None)
         self.by_stream.pop(worker.stream_id, None)
         if worker.parked is not None:
             worker.parked.claim()  # nobody is left to answer

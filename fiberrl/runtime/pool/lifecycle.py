@@ -142,7 +142,7 @@ class WorkerLifecycle:
                 process.start()
             except Exception as exc:
                 with self._lock:
-                    policy.workers.pop(worker_id, None)
+                    policy.forget_worker(worker_id)
                     policy.broken = f"cannot start pool workers: {exc}"
                 self._scheduler.fail_everything(RuntimeError(policy.broken))
                 return
