@@ -9,9 +9,9 @@ import pytest
 import fiberrl.runtime as mp
 from fiberrl.runtime.backends import listen_host
 from fiberrl.runtime.net.errors import PeerGone
+from fiberrl.runtime.net.stream_pump import StreamPump
 from fiberrl.runtime.net.transport import ERROR, MISSING, OK
 from fiberrl.runtime.processes.hub import BEAT, LAUNCH, PING, get_hub
-from fiberrl.runtime.net.stream_pump import StreamPump
 from fiberrl.runtime.processes.parent_link import ChildLinks, ParentLink
 
 

@@ -112,7 +112,9 @@ class StreamPump:
         self._caller_left = 0.0
         self._event_waiters = 0  # callers waiting for another caller's reading
         self._closed = False
-        self._handling = threading.local()  # .fds: the streams this thread is handling frames of
+        # .fds: the streams this thread is handling frames of; .later: what their handlers left for after;
+        # .in_later: how deep this thread is in running what was left
+        self._handling = threading.local()
         self._let_go: set[int] = set()  # ids of streams released while ``add`` handled their first frames
         self._handler_since: dict[int, float] = {}  # by thread: when the handler it runs began
         self._began = threading.Event()  # a handler began since the relief thread last looked
@@ -160,12 +162,12 @@ class StreamPump:
         this thread runs no callback, or the platform allows one reader only):
         then wait for ``done`` otherwise."""
         me = threading.get_ident()
-        handling = getattr(self._handling, "fds", ()) or getattr(self._handling, "in_later", 0)
+        in_callback = bool(getattr(self._handling, "fds", ()) or getattr(self._handling, "in_later", 0))
         with self._lock:
             if not self._poller.shared or self._closed:
                 return None
             guest = self._caller not in (None, me)
-            if guest and not handling:
+            if guest and not in_callback:
                 return None
             # a guest: a callback that waits, run by the thread that was reading while
             # another caller reads too (the background thread); what the caller waits
