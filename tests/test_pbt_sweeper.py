@@ -120,6 +120,32 @@ def test_a_member_in_the_bottom_quantile_copies_one_in_the_top_quantile():
     assert first.standing(3).score == 5.0 and first.standing(3).checkpoint is None  # nothing to copy yet
 
 
+def test_a_copy_ranks_at_its_own_score_until_it_logs_one_so_a_round_replaces_only_the_bottom_quantile():
+    """Four members, the bottom quarter copying the top: seed 1 of the BipedalWalker bench ranked a copy at
+    its donor's score, so at one round of ready points every member but the leader copied (member 3 the copy
+    of its own older checkpoint). Ranked at its own score until it logs a value, the copy is the bottom, and
+    the next ready member, above it, goes on from its own."""
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment, choose_donor
+
+    def ended(index: int, score: float) -> Segment:
+        return Segment(index, 0, index, Path(f"m{index}"), index, {}, 100, state="ended", timesteps=100,
+                       values=[score], checkpoint=f"member_{index}/c.npz", paused=True)
+
+    members = [Member(i, [ended(i, score)]) for i, score in enumerate([-63.7, -49.5, -79.6, -47.1])]
+    rng = np.random.default_rng(0)
+    standings = {m.index: m.standing(3) for m in members}
+    assert choose_donor(2, standings, True, 0.25, rng) == 3  # member 2, the bottom, copies member 3
+    copy = Segment(2, 1, 4, Path("m2s1"), 3, {}, 200, start_from="member_3/c.npz", start_timesteps=100,
+                   carried=[-47.1], stands_at=-79.6)
+    members[2].segments.append(copy)
+    standings = {m.index: m.standing(3) for m in members}
+    assert standings[2].score == -79.6 and standings[2].checkpoint == "member_3/c.npz"
+    assert choose_donor(0, standings, True, 0.25, rng) is None  # member 0, ready next, is not the bottom
+    copy.values = [-40.0]  # once it logs, its lineage's window ranks it
+    assert members[2].standing(3).score == (-47.1 - 40.0) / 2
+    assert choose_donor(0, {m.index: m.standing(3) for m in members}, True, 0.25, rng) == 2  # now it is
+
+
 def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
     """Members that run in step are ready at about the same time: what a running top member has to give is
     the newest checkpoint its segment has written, with the metric as logged up to it, not the point its
@@ -157,6 +183,8 @@ def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
     assert (tmp_path / went_on.start_from).exists()
     assert went_on.until == 150 and went_on.seed == 1
     assert went_on.carried == [10.0]  # what the donor had logged up to its checkpoint, not after it
+    assert went_on.stands_at == -5.0  # ranked at its own score until it logs one
+    assert lineage(tmp_path, "segment")[-1]["stands_at"] == -5.0  # and so after a resume
     with np.load(went_on.folder / "checkpoints" / "000000.npz") as data:
         assert data["theta"][0] == 50.0
     exploit = lineage(tmp_path, "exploit")[0]

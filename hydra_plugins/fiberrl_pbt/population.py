@@ -24,6 +24,11 @@ class Segment:
     start_from: Optional[str] = None  # the checkpoint it went on from, relative to the sweep's folder
     start_timesteps: int = 0          # the env steps of that checkpoint
     carried: list[float] = field(default_factory=list)  # the metric's last values before it
+    # a copy's member's own score before it copied: what the others rank it by until it logs a value of its own
+    # (as Ray Tune keeps a trial's last score). Ranked at its donor's score, a copy would push the next ready
+    # member to the bottom, and that one's copy the next: one lucky evaluation took a whole population in a
+    # round, a member copying the copy of its own older checkpoint on the way
+    stands_at: Optional[float] = None
     # once it has ended:
     state: str = "running"           # running, ended, failed
     timesteps: Optional[int] = None
@@ -43,6 +48,12 @@ class Segment:
     def score(self, window: int) -> Optional[float]:
         values = self.history(window)
         return sum(values) / len(values) if values else None
+
+    def ranked_at(self, window: int) -> Optional[float]:
+        """Its score as the others rank it: ``stands_at`` until it has logged a value."""
+        if self.stands_at is not None and not self.values:
+            return self.stands_at
+        return self.score(window)
 
 
 @dataclass(frozen=True)
@@ -82,14 +93,14 @@ class Member:
         if segment.state == "failed":
             return None
         if segment.state == "ended":
-            return Standing(segment.score(window), segment.checkpoint, segment.settings, segment.seed,
+            return Standing(segment.ranked_at(window), segment.checkpoint, segment.settings, segment.seed,
                             segment.history(window), segment.timesteps)
         if segment.newest is not None:  # copied there, a member redoes none of the steps since its start
             checkpoint, timesteps = segment.newest
             before = [value for at, value in segment.logged if at <= timesteps]
-            return Standing(segment.score(window), checkpoint, segment.settings, segment.seed,
+            return Standing(segment.ranked_at(window), checkpoint, segment.settings, segment.seed,
                             (segment.carried + before)[-window:], timesteps)
-        return Standing(segment.score(window), segment.start_from, segment.settings, segment.seed,
+        return Standing(segment.ranked_at(window), segment.start_from, segment.settings, segment.seed,
                         segment.carried[-window:], segment.start_timesteps)
 
 

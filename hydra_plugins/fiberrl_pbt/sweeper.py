@@ -201,7 +201,8 @@ class PBTSweeper(Sweeper):
                            "checkpoint": source.checkpoint, "damaged": damaged or None})
         segment = Segment(member.index, current.index + 1, self._job(), folder, source.seed, settings,
                           until=source.timesteps + self.interval, start_from=source.checkpoint,
-                          start_timesteps=source.timesteps, carried=list(source.history))
+                          start_timesteps=source.timesteps, carried=list(source.history),
+                          stands_at=current.score(self.window) if donor is not None else None)
         if donor is None:
             self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
         member.segments.append(segment)
@@ -323,7 +324,7 @@ class PBTSweeper(Sweeper):
             if kind == "segment":
                 segment = Segment(event["member"], event["segment"], event["job"], self.sweep_dir / event["folder"],
                                   event["seed"], event["settings"], event["until"], event["start_from"],
-                                  event.get("start_timesteps", 0), event["carried"])
+                                  event.get("start_timesteps", 0), event["carried"], event.get("stands_at"))
                 self.members[segment.member].segments.append(segment)
                 self._next_job = max(self._next_job, segment.job + 1)
             elif kind == "ended":
@@ -353,7 +354,8 @@ class PBTSweeper(Sweeper):
         return {"member": segment.member, "segment": segment.index, "job": segment.job,
                 "folder": str(segment.folder.relative_to(self.sweep_dir)), "seed": segment.seed,
                 "settings": segment.settings, "until": segment.until, "start_from": segment.start_from,
-                "start_timesteps": segment.start_timesteps, "carried": segment.carried, "time": time.time()}
+                "start_timesteps": segment.start_timesteps, "carried": segment.carried,
+                "stands_at": segment.stands_at, "time": time.time()}
 
     # --- a segment's files -----------------------------------------------------------------------
     def _metric_values(self, folder: Path) -> list[float]:
