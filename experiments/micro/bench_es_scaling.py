@@ -285,6 +285,9 @@ class FixedParams:
     def __init__(self, params: tuple):
         self.params = params
 
+    def connect(self) -> None:
+        """Nothing to connect to (a worker calls it as it starts)."""
+
     def fetch(self, version: int) -> tuple:
         return self.params
 
