@@ -40,6 +40,9 @@ BATCH = 64
 # taking over: a caller that comes straight back (the next get of a wave)
 # finds the streams still its own
 TAKEOVER_GRACE = 0.001
+# once a caller has read this long without a break, the background thread sleeps until it leaves instead of
+# looking every TAKEOVER_GRACE (a caller blocked on a long map woke it a thousand times a second)
+PARK_AFTER = 0.01
 # how often a guest reader (see StreamPump.wait) looks whether another thread completed its result
 GUEST_SLICE = 0.01
 # seconds a handler may hold the thread reading before the relief thread reads the other streams: well
@@ -109,7 +112,8 @@ class StreamPump:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._caller: int | None = None  # the thread ident of the caller reading now
-        self._caller_left = 0.0
+        self._caller_since = self._caller_left = 0.0
+        self._parked = False  # the background thread sleeps until the caller leaves
         self._event_waiters = 0  # callers waiting for another caller's reading
         self._closed = False
         # .fds: the streams this thread is handling frames of; .later: what their handlers left for after;
@@ -174,8 +178,8 @@ class StreamPump:
             # for may come only once it returns, so it reads alongside, one-shot arming
             # keeping each stream to one reader, and looks at its result every slice
             nested = self._caller == me
-            if not guest:
-                self._caller = me
+            if not guest and not nested:
+                self._caller, self._caller_since = me, time.monotonic()
         # called from a callback while this thread handles a stream's frames: that
         # stream is disarmed until they are handled, yet the result waited for may
         # come over it (the task went to the worker whose result ran the callback)
@@ -198,7 +202,7 @@ class StreamPump:
                 with self._lock:
                     self._caller = None
                     self._caller_left = time.monotonic()
-                    if self._event_waiters:
+                    if self._event_waiters or self._parked:
                         self._changed.notify_all()  # they need a reader now
 
     def result_ready(self) -> None:
@@ -216,10 +220,18 @@ class StreamPump:
     def _background(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and self._poller.shared and (
-                        self._caller is not None or
-                        (not self._event_waiters and time.monotonic() - self._caller_left < TAKEOVER_GRACE)):
-                    self._changed.wait(TAKEOVER_GRACE)
+                while not self._closed and self._poller.shared:
+                    if self._caller is not None:
+                        if time.monotonic() - self._caller_since < PARK_AFTER:
+                            self._changed.wait(TAKEOVER_GRACE)  # gets in a row: it may leave any moment
+                            continue
+                        self._parked = True
+                        self._changed.wait()  # it wakes this thread as it leaves
+                        self._parked = False
+                    elif not self._event_waiters and time.monotonic() - self._caller_left < TAKEOVER_GRACE:
+                        self._changed.wait(TAKEOVER_GRACE)
+                    else:
+                        break
                 if self._closed:
                     return
             self._poll_once(None)
