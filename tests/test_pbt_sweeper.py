@@ -122,8 +122,8 @@ def test_a_member_in_the_bottom_quantile_copies_one_in_the_top_quantile():
 
 def test_a_copy_ranks_at_its_own_score_until_it_logs_one_so_a_round_replaces_only_the_bottom_quantile():
     """Four members, the bottom quarter copying the top: seed 1 of the BipedalWalker bench ranked a copy at
-    its donor's score, so at one round of ready points every member but the leader copied (member 3 the copy
-    of its own older checkpoint). Ranked at its own score until it logs a value, the copy is the bottom, and
+    its donor's score, so at one round of ready points all four copied in turn (member 3 the copy of its own
+    older checkpoint). Ranked at its own score until it logs a value, the copy is the bottom, and
     the next ready member, above it, goes on from its own."""
     from hydra_plugins.fiberrl_pbt.population import Member, Segment, choose_donor
 
