@@ -145,6 +145,25 @@ def test_a_worker_sending_results_is_heard_by_them_and_beats_only_when_quiet(con
         pool.terminate()
 
 
+def test_a_worker_given_work_asks_its_pool_for_no_answer_until_work_stops(config):
+    """Work from its pool tells a worker its parent lives, as an answer would: a busy worker's beats
+    ask for none (a master of thousands of busy workers answered a ping from each every quarter of
+    ``heartbeat_timeout``), and once work stops they ask again within that quarter."""
+    config(silence_timeout=2, heartbeat_timeout=2)  # a beat every 0.5 s, every one asking for an answer
+    assert beat_interval() == 0.5
+    pool = mp.Pool(1)
+    try:
+        counts = pool.map(beats_after, [0.05] * 80, chunksize=1)  # 4 s of results and work
+        assert counts[-1] - counts[0] <= 1, counts  # 8 answered beats before
+        before = counts[-1]
+        assert pool.apply(beats_after, (3.0,)) - before >= 4  # 3 s without work: it asks again
+        assert pool.statistics().workers_cut_off == 0
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
 def wait_forever():
     time.sleep(600)
 

@@ -29,7 +29,7 @@ from ..config import get_config
 from ..net import wire
 from ..net.errors import LinkError
 from ..net.dial import connect
-from ..processes.lifeline import beat_less_often, spoke
+from ..processes.lifeline import beat_less_often, heard_from_parent, spoke
 from ..processes.parent_link import job_link
 from .preemption import Preemption
 from .protocol import CHUNK, CHUNK_ID, OK, REPORT, W_GET, W_HELLO, W_LOAD, W_RESULT, W_RESULT_GET, W_START, WORKER_ID
@@ -143,6 +143,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
     def ask(op: int, parts=()):
         stream.send([bytes((op,)), *parts])
         reply = stream.recv()
+        heard_from_parent()  # its pool is its parent: no ping is needed meanwhile
         return reply[0], memoryview(reply)[1:]
 
     try:
@@ -182,6 +183,7 @@ def run_worker(master: str, worker_id: int, initializer, initargs, nice: int = 0
                 spoke()  # its pool heard it: no heartbeat is needed meanwhile
             if backlog:
                 reply = stream.recv()
+                heard_from_parent()
                 status, payload = reply[0], memoryview(reply)[1:]
     except LinkError:
         pass  # the master is gone; so is the work

@@ -11,7 +11,10 @@ a master of thousands of workers answers a few beats in each second instead
 of all.  A beat that is not asked to be answered is not sent when the child
 has just spoken to its parent otherwise (``spoke``: a pool worker's results,
 which its pool counts as hearing from it): a master of thousands of busy
-workers reads their results, not their beats as well.
+workers reads their results, not their beats as well.  Nor does a beat ask
+for an answer when the parent has just sent the child something unasked
+(``heard_from_parent``: a pool worker's work), which tells it as much: a
+master of thousands of busy workers answered a ping from each every 7.5 s.
 """
 from __future__ import annotations
 
@@ -40,8 +43,9 @@ ANSWER_EVERY = 4
 BEATS_PER_SILENCE = 4
 # seconds between heartbeats once ``beat_less_often`` was called; None: the configured interval
 _slow_interval: float | None = None
-# when this process last spoke to its parent otherwise than over its link (``spoke``), and the beats it sent
-_spoke = -math.inf
+# when this process last spoke to its parent otherwise than over its link (``spoke``), when it last heard
+# from it otherwise than in answer to a beat (``heard_from_parent``), and the beats it sent
+_spoke = _heard = -math.inf
 _beats = 0
 
 
@@ -50,6 +54,15 @@ def spoke() -> None:
     worker's results, heard by its pool): the next beat, unless it asks for an answer, is not needed."""
     global _spoke
     _spoke = time.monotonic()
+
+
+def heard_from_parent() -> None:
+    """This process just got something from its parent that it did not ask its lifeline for (a pool
+    worker's next work): the parent lives, and the next beats need not ask it to answer until a quarter
+    of ``heartbeat_timeout`` has passed without such word.  A parent that hangs sends nothing more, so
+    it is still found within ``heartbeat_timeout`` of the last word."""
+    global _heard
+    _heard = time.monotonic()
 
 
 def beats_sent() -> int:
@@ -92,7 +105,7 @@ def _watch(parent: ParentLink, interval: float, timeout: float) -> None:
         parent.wait_lost(every)
         try:
             now = time.monotonic()
-            since = now - answered
+            since = now - max(answered, _heard)
             if since < timeout / ANSWER_EVERY:
                 if now - _spoke >= every:  # else heard within a beat's interval already
                     parent.tell(BEAT)
