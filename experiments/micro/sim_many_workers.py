@@ -10,8 +10,9 @@ local Unix sockets): it connects to the master's hub, fetches its task (LAUNCH: 
 ``Process`` whose target is the pool's worker loop; its arguments name the pool and the worker),
 beats over that link as its lifeline does (every ``lifeline.beat_interval()``, one beat in
 ``heartbeat_timeout / ANSWER_EVERY`` asking for an answer, and, where the runtime has
-``lifeline.spoke``, no unanswered beat within a beat's interval of sending results), connects to the pool and
-speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
+``lifeline.spoke``, no unanswered beat within a beat's interval of sending results, and where it has
+``lifeline.heard_from_parent``, none asking for an answer within that quarter of getting work),
+connects to the pool and speaks the pool's worker protocol (``fiberrl.runtime.pool.protocol``) message for message, as
 ``pool.worker.run_worker`` does: hello, asking for work, saying when it loads a function and
 starts a chunk, sending results, asking for its next batch as it starts the last chunk of one
 that said more was waiting.  Only running a task is simulated: a task ``(value, seconds)`` of
@@ -29,7 +30,8 @@ chooses): their time against the ideal (2 tasks a worker) and the master's CPU p
 ``--zero-tasks`` tasks of no time unchunked (chunksize 1), and ten times as many chunked (the
 pool's chunksize), ``--rounds`` times each in turn, the medians:
 tasks per second and the master's CPU per task, and the simulators' CPU per task beside it.  The
-master's CPU is this process's (every thread: ``time.process_time``); the simulators run beside it
+master's CPU is this process's (every thread: ``time.process_time``), and of it, per unchunked task, the
+kernel's part (``kernel us``: system calls and the TCP work they do); the simulators run beside it
 on the same cores, so on a small machine the tasks per second are the pair's.  Also per W: the
 workers whose stream broke (the first few say why on stderr), that the pool retired or the backend
 stopped before the pool closed, and the packets the kernel dropped meanwhile (every simulated
@@ -86,6 +88,9 @@ ANSWER_EVERY = getattr(lifeline, "ANSWER_EVERY", math.inf)
 # as its workers do since their pool counts their results as hearing from them: a beat that asks for no
 # answer is left out by a worker that sent results within a beat's interval
 QUIET_WHILE_SPEAKING = hasattr(lifeline, "spoke")
+# as its workers do since work from their pool counts as an answer from it: a beat asks for one only once a
+# quarter of heartbeat_timeout has passed without either
+WORK_ANSWERS = hasattr(lifeline, "heard_from_parent")
 # as its workers do since a job's link carries its pool: one stream, the link's replies marked (getattr:
 # the bench also measures the commits before, a link and a pool stream a worker)
 CARRY = getattr(parent_link, "CARRY", None)
@@ -210,7 +215,7 @@ class SimulatedBackend(Backend):
 
 # --- the simulator: thousands of workers' jobs on one epoll loop --------------------------------
 class SimWorker:
-    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due", "asked", "spoke")
+    __slots__ = ("job_id", "link", "pool", "chunks", "busy", "ended", "beat_due", "asked", "spoke", "heard")
 
     def __init__(self, job_id: str, link, pool):
         self.job_id, self.link, self.pool = job_id, link, pool
@@ -220,6 +225,7 @@ class SimWorker:
         self.beat_due = 0.0
         self.asked = time.monotonic()  # when its lifeline last asked for an answer
         self.spoke = -math.inf  # when it last sent results
+        self.heard = -math.inf  # when it last got work
 
 
 class Simulator:
@@ -362,6 +368,7 @@ class Simulator:
             return
         for frame in frames:  # over the link: the pool's frames, and replies to its PINGs (dropped)
             if kind == "pool" or (REPLY is not None and frame[0] != REPLY):
+                worker.heard = time.monotonic()
                 self.batch(worker, frame)
 
     # -- the lifeline (processes.lifeline): a beat every heartbeat_s, one in heartbeat_timeout /
@@ -369,7 +376,8 @@ class Simulator:
     def beat(self, worker: SimWorker) -> None:
         now = time.monotonic()
         op = BEAT
-        if now - worker.asked >= self.heartbeat_timeout / ANSWER_EVERY:
+        last_word = max(worker.asked, worker.heard) if WORK_ANSWERS else worker.asked
+        if now - last_word >= self.heartbeat_timeout / ANSWER_EVERY:
             op, worker.asked = PING, now
         if op == BEAT and QUIET_WHILE_SPEAKING and now - worker.spoke < self.heartbeat_s:
             self.counts["beats_left_out"] += 1
@@ -448,6 +456,12 @@ def cpu_s() -> float:
     return time.process_time()
 
 
+def kernel_cpu_s() -> float:
+    """The part of ``cpu_s`` spent in the kernel (system calls, and the TCP work they do): what grows there
+    with W is the kernel's, not the pool's."""
+    return os.times().system
+
+
 def packets_dropped() -> int:
     """Packets this machine's kernel dropped for want of room in its per-core backlog (the loopback's
     queue: every simulated worker's traffic crosses it, where real hosts would each have their own)."""
@@ -504,13 +518,14 @@ def measure(w: int, args, backend: SimulatedBackend) -> dict:
         for _ in range(args.rounds):
             for name, chunksize, n in (("unchunked", 1, args.zero_tasks), ("chunked", None, 10 * args.zero_tasks)):
                 zero = [(i, 0.0) for i in range(n)]
-                cpu0, sim0, t0 = cpu_s(), backend.simulators_cpu_s(), time.monotonic()
+                cpu0, kernel0, sim0, t0 = cpu_s(), kernel_cpu_s(), backend.simulators_cpu_s(), time.monotonic()
                 beats0 = backend.counters()["heartbeats"]
                 assert pool.map(simulated_task, zero, chunksize=chunksize) == list(range(n))
                 wall = time.monotonic() - t0
                 runs.setdefault(f"{name}_beats_per_s", []).append((backend.counters()["heartbeats"] - beats0) / wall)
                 runs.setdefault(f"{name}_tasks_per_s", []).append(n / wall)
                 runs.setdefault(f"{name}_cpu_per_task_us", []).append((cpu_s() - cpu0) / n * 1e6)
+                runs.setdefault(f"{name}_kernel_per_task_us", []).append((kernel_cpu_s() - kernel0) / n * 1e6)
                 runs.setdefault(f"{name}_sim_cpu_per_task_us", []).append(
                     (backend.simulators_cpu_s() - sim0) / n * 1e6)
         figures.update({key: statistics.median(values) for key, values in runs.items()})
@@ -599,6 +614,7 @@ COLUMNS = [
     ("map us/task", lambda r: r["map_cpu_per_task_ms"] * 1e3, 12, ".0f"),
     ("unchunked/s", lambda r: r["unchunked_tasks_per_s"], 12, ".0f"),
     ("us/task", lambda r: r["unchunked_cpu_per_task_us"], 8, ".0f"),
+    ("kernel us", lambda r: r["unchunked_kernel_per_task_us"], 10, ".0f"),
     ("sims us/task", lambda r: r["unchunked_sim_cpu_per_task_us"], 13, ".0f"),
     ("chunked/s", lambda r: r["chunked_tasks_per_s"], 10, ".0f"),
     ("us/task", lambda r: r["chunked_cpu_per_task_us"], 8, ".1f"),
