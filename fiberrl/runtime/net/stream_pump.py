@@ -98,14 +98,11 @@ class StreamPump:
     """``on_frames(stream, key, frames)`` for what each stream sends and
     ``on_closed(stream, key)`` once when it ends, on the thread that read it."""
 
-    def __init__(self, on_frames, on_closed, name: str, linger=0.0):
+    def __init__(self, on_frames, on_closed, name: str, linger: float = 0.0):
         """``linger``: seconds the background thread rests after each poll, so that what many
-        streams send in the meantime is read in one poll (for streams whose frames may wait); or
-        a callable that says how long each time (a pool's streams may wait while it has no work out:
-        then only its workers' heartbeats come).  ``stir`` ends a rest early."""
+        streams send in the meantime is read in one poll (for streams whose frames may wait)."""
         self._on_frames, self._on_closed = on_frames, on_closed
-        self._linger = linger if callable(linger) else (lambda: linger)
-        self._stirred = threading.Event()
+        self._linger = linger
         self._poller = _OneShotEpoll() if hasattr(select, "epoll") else _Selector()
         self._streams: dict[int, tuple[Stream, object]] = {}
         self._wake_read, self._wake_write = os.pipe()
@@ -215,11 +212,6 @@ class StreamPump:
         if caller is not None and caller != threading.get_ident():
             self._wake()
 
-    def stir(self) -> None:
-        """End the background thread's rest (see ``linger``): what comes next must not wait."""
-        if not self._stirred.is_set():
-            self._stirred.set()
-
     def waiting_on_another(self, delta: int) -> None:
         """Count a caller that waits on its result while another caller reads."""
         with self._lock:
@@ -245,10 +237,8 @@ class StreamPump:
             self._poll_once(None)
             if self._caller is not None:
                 self._wake()  # what it read may be what the caller waits for
-            rest = self._linger()
-            if rest:
-                self._stirred.wait(rest)
-                self._stirred.clear()
+            if self._linger:
+                time.sleep(self._linger)
 
     def later(self, call) -> None:
         """Run ``call`` on this thread once the frames it handles are handled and their stream is
@@ -418,7 +408,6 @@ class StreamPump:
                 return
             self._closed = True
             self._ending.set()
-            self._stirred.set()
             self._began.set()
             streams, self._streams = list(self._streams.values()), {}
             self._changed.notify_all()

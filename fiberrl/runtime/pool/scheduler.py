@@ -32,7 +32,7 @@ from ..net.listener import Listener
 from ..net.stream import Stream
 from ..net.stream_pump import StreamPump
 from ..processes.hub import get_hub
-from ..processes.parent_link import LINGER, ChildLink
+from ..processes.parent_link import ChildLink
 from .cpu_gate import CpuGate, usable_cores
 from .dispatch import CLOSE, RUN, TERMINATE, DispatchPolicy
 from .lifecycle import OVERSUBSCRIBED_NICE, WorkerLifecycle
@@ -97,7 +97,7 @@ class Scheduler:
         # (processes.lifeline.spoke), so the silence check counts both
         self.heard: dict[int, float] = {}
         self._links: dict[int, ChildLink] = {}  # the workers' jobs' links that carry the pool, by stream id
-        self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io", linger=self._linger)
+        self.pump = StreamPump(self._on_frames, self._on_stream_closed, "fiberrl-pool-io")
         self._listener = Listener(listen_host(), self._serve_worker, hand_off=True, name="pool")
         self._hub = get_hub()
         self._hub.carry(self._listener.address, self._take_link)
@@ -121,19 +121,11 @@ class Scheduler:
         """Seconds a started worker may take to connect before it counts as unable to start."""
         return self._lifecycle.startup_limit()
 
-    def _linger(self) -> float:
-        """How long the streams' background reader rests between polls: while no work is out, what comes
-        is the workers' heartbeats, read a few dozen to a poll instead of one (an idle master of 10,000
-        workers was woken for every few); work submitted ends the rest."""
-        policy = self.policy
-        return 0.0 if policy.working or policy.pending or policy.lazy else LINGER
-
     # --- submitting -------------------------------------------------------
     def submit(self, chunks: list[Chunk]) -> None:
         with self.lock:
             self.check_running()
             replies = self.policy.add_chunks(chunks)
-        self.pump.stir()
         send_replies(replies)
 
     def submit_lazy(self, lazy: LazyInput) -> None:
@@ -141,7 +133,6 @@ class Scheduler:
             self.check_running()
             self.policy.lazy.append(lazy)
             self.wake_condition.notify_all()
-        self.pump.stir()
 
     def wake(self) -> None:
         with self.lock:
