@@ -37,7 +37,9 @@ workers whose stream broke (the first few say why on stderr), that the pool reti
 stopped before the pool closed, and the packets the kernel dropped meanwhile (every simulated
 worker's traffic crosses the loopback's one backlog), and the time and master CPU to close the
 pool (``close`` and ``join``: every worker retired).  One set of simulators serves every W, or
-a new one each W with ``--fresh-simulators``.  Its last line:
+a new one each W with ``--fresh-simulators``.  ``--repeat N`` runs the list of W N times in turn, so
+that each ratio below is of rows run minutes apart (this machine's speed moves by more than the
+ratio's margin from hour to hour), and the last line gives the medians over the passes.  Its last line:
 ``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
 largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU per unchunked
 zero-cost task (the same tasks at every W, so only what grows with W can move it: heartbeats
@@ -561,6 +563,9 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--simulators", type=int, default=2)
     parser.add_argument("--connect-timeout", type=float, default=300.0)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the list of W this many times in turn (16, 10000, 16, 10000, ...): each "
+                             "ratio is of neighbours in time, and the last line gives their median")
     parser.add_argument("--fresh-simulators", action="store_true",
                         help="new simulator processes for each W (default: one set serves every W)")
     args = parser.parse_args()
@@ -575,26 +580,37 @@ def main() -> None:
     backends.register("simulated", "__main__:SimulatedBackend")
     mp.configure(backend="simulated", start_timeout=args.connect_timeout, cpu_per_job=0, mem_per_job=0)
     backend = backends.get_backend()
-    rows = []
+    passes: list[list[dict]] = []
     try:
-        for i, w in enumerate(sizes):
-            if args.fresh_simulators and i:
-                backend.start_simulators()
-            rows.append(measure(w, args, backend))
-            row = rows[-1]
-            print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                          for k, v in row.items() if k != "W"), flush=True)
+        for _ in range(args.repeat):
+            passes.append([])
+            for w in sizes:
+                if args.fresh_simulators and (len(passes) > 1 or passes[-1]):
+                    backend.start_simulators()
+                passes[-1].append(measure(w, args, backend))
+                row = passes[-1][-1]
+                print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in row.items() if k != "W"), flush=True)
     finally:
         backend.close()
     print()
     print("".join(f"{name:>{width}}" for name, _, width, _ in COLUMNS))
-    for row in rows:
-        print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
-    base, top = rows[0], rows[-1]
-    print(f"sim_many_workers: W={top['W']} connect_s={top['connect_s']:.2f} "
-          f"rss_per_worker_kib={top['rss_per_worker_kib']:.1f} "
-          f"cpu_per_task_ratio={top['unchunked_cpu_per_task_us'] / base['unchunked_cpu_per_task_us']:.2f} "
-          f"tasks_per_s={top['chunked_tasks_per_s']:.0f}")
+    for rows in passes:
+        for row in rows:
+            print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
+    # the machine's speed moves from minute to minute: a ratio is of one pass's rows, run one after the other
+    ratios = [rows[-1]["unchunked_cpu_per_task_us"] / rows[0]["unchunked_cpu_per_task_us"] for rows in passes]
+    if len(passes) > 1:
+        print(f"master us/task at W={sizes[-1]} / at W={sizes[0]}, pass by pass: "
+              + ", ".join(f"{r:.2f}" for r in ratios))
+    tops = [rows[-1] for rows in passes]
+
+    def median(key):
+        return statistics.median(row[key] for row in tops)
+    print(f"sim_many_workers: W={sizes[-1]} connect_s={median('connect_s'):.2f} "
+          f"rss_per_worker_kib={median('rss_per_worker_kib'):.1f} "
+          f"cpu_per_task_ratio={statistics.median(ratios):.2f} "
+          f"tasks_per_s={median('chunked_tasks_per_s'):.0f}")
 
 
 # the table's columns: heading, value, width, format
