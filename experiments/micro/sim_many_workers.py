@@ -607,8 +607,9 @@ def main() -> None:
 
     def median(key):
         return statistics.median(row[key] for row in tops)
+    # memory a worker: the first pass's, the only one whose pool grew a fresh process (later pools reuse its heap)
     print(f"sim_many_workers: W={sizes[-1]} connect_s={median('connect_s'):.2f} "
-          f"rss_per_worker_kib={median('rss_per_worker_kib'):.1f} "
+          f"rss_per_worker_kib={tops[0]['rss_per_worker_kib']:.1f} "
           f"cpu_per_task_ratio={statistics.median(ratios):.2f} "
           f"tasks_per_s={median('chunked_tasks_per_s'):.0f}")
 
