@@ -39,7 +39,8 @@ worker's traffic crosses the loopback's one backlog), and the time and master CP
 pool (``close`` and ``join``: every worker retired).  One set of simulators serves every W, or
 a new one each W with ``--fresh-simulators``.  ``--repeat N`` runs the list of W N times in turn, so
 that each ratio below is of rows run minutes apart (this machine's speed moves by more than the
-ratio's margin from hour to hour), and the last line gives the medians over the passes.  Its last line:
+ratio's margin within an hour), and the last line gives the medians over the passes (memory a
+worker: the first pass's, whose pools grew a fresh process).  Its last line:
 ``sim_many_workers: W=<largest> connect_s=<s> rss_per_worker_kib=<KiB> cpu_per_task_ratio=<at
 largest W / at the smallest> tasks_per_s=<n>``: the ratio is of the master's CPU per unchunked
 zero-cost task (the same tasks at every W, so only what grows with W can move it: heartbeats
@@ -598,7 +599,7 @@ def main() -> None:
     for rows in passes:
         for row in rows:
             print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
-    # the machine's speed moves from minute to minute: a ratio is of one pass's rows, run one after the other
+    # the machine's speed moves within an hour: a ratio is of one pass's rows, run one after the other
     ratios = [rows[-1]["unchunked_cpu_per_task_us"] / rows[0]["unchunked_cpu_per_task_us"] for rows in passes]
     if len(passes) > 1:
         print(f"master us/task at W={sizes[-1]} / at W={sizes[0]}, pass by pass: "
