@@ -581,30 +581,28 @@ def main() -> None:
     backends.register("simulated", "__main__:SimulatedBackend")
     mp.configure(backend="simulated", start_timeout=args.connect_timeout, cpu_per_job=0, mem_per_job=0)
     backend = backends.get_backend()
-    passes: list[list[dict]] = []
+    rows = []
     try:
-        for _ in range(args.repeat):
-            passes.append([])
-            for w in sizes:
-                if args.fresh_simulators and (len(passes) > 1 or passes[-1]):
-                    backend.start_simulators()
-                passes[-1].append(measure(w, args, backend))
-                row = passes[-1][-1]
-                print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                              for k, v in row.items() if k != "W"), flush=True)
+        for i, w in enumerate(sizes * args.repeat):
+            if args.fresh_simulators and i:
+                backend.start_simulators()
+            rows.append(measure(w, args, backend))
+            row = rows[-1]
+            print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in row.items() if k != "W"), flush=True)
     finally:
         backend.close()
+    passes = [rows[i:i + len(sizes)] for i in range(0, len(rows), len(sizes))]
     print()
     print("".join(f"{name:>{width}}" for name, _, width, _ in COLUMNS))
-    for rows in passes:
-        for row in rows:
-            print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
+    for row in rows:
+        print("".join(f"{value(row):>{width}{fmt}}" for _, value, width, fmt in COLUMNS))
     # the machine's speed moves within an hour: a ratio is of one pass's rows, run one after the other
-    ratios = [rows[-1]["unchunked_cpu_per_task_us"] / rows[0]["unchunked_cpu_per_task_us"] for rows in passes]
+    ratios = [one[-1]["unchunked_cpu_per_task_us"] / one[0]["unchunked_cpu_per_task_us"] for one in passes]
     if len(passes) > 1:
         print(f"master us/task at W={sizes[-1]} / at W={sizes[0]}, pass by pass: "
               + ", ".join(f"{r:.2f}" for r in ratios))
-    tops = [rows[-1] for rows in passes]
+    tops = [one[-1] for one in passes]
 
     def median(key):
         return statistics.median(row[key] for row in tops)
