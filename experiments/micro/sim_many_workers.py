@@ -586,8 +586,8 @@ def main() -> None:
         for i, w in enumerate(sizes * args.repeat):
             if args.fresh_simulators and i:
                 backend.start_simulators()
-            rows.append(measure(w, args, backend))
-            row = rows[-1]
+            row = measure(w, args, backend)
+            rows.append(row)
             print(f"W={w}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in row.items() if k != "W"), flush=True)
     finally:
