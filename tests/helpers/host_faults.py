@@ -1,5 +1,7 @@
 """A Docker container standing in for a host, cut off from its network or stalled, then healed:
 for the host-fault tests and bench_host_faults.py."""
+import time
+
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
@@ -13,11 +15,25 @@ def make_network(api, name: str, subnet: str, gateway: str) -> None:
 def cut(api, container: str, how: str, network: str) -> str | None:
     """Cut ``container`` off ``network`` (``partition``) or stall it (``pause``); its address, to heal it with."""
     if how == "pause":
-        api.pause(container)
+        pause(api, container)
         return None
     address = api.inspect_container(container)["NetworkSettings"]["Networks"][network]["IPAddress"]
     api.disconnect_container_from_network(container, network)
     return address
+
+
+def pause(api, container: str, tries: int = 10) -> None:
+    """``docker pause``, tried again while cgroup v1's freezer cannot catch the container's busy
+    processes: runc gives up after its own short loop ("unable to freeze") on a loaded machine and
+    leaves retrying to its caller (opencontainers/runc#4388)."""
+    for attempt in range(tries):
+        try:
+            api.pause(container)
+            return
+        except APIError as exc:
+            if "unable to freeze" not in str(exc) or attempt == tries - 1:
+                raise
+            time.sleep(0.2)
 
 
 def heal(api, container: str, how: str, network: str, address: str | None) -> None:
