@@ -3,6 +3,7 @@ and PPO populations (generational ones reproduced, asynchronous ones resumed aft
 a member's job killed, a checkpoint damaged), its lineage and plot, and each bad input in one line."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -189,6 +190,41 @@ def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
         assert data["theta"][0] == 50.0
     exploit = lineage(tmp_path, "exploit")[0]
     assert (exploit["from"], exploit["to"], exploit["from_timesteps"], exploit["from_score"]) == (1, 0, 50, 15.0)
+
+
+def test_a_member_that_has_finished_is_not_copied_for_it_leaves_no_steps_to_explore(tmp_path):
+    """Seed 1 of the BipedalWalker bench: member 2, ready at its last point, copied member 0's final checkpoint
+    and ended on it with nothing run, a second copy of member 0 in the population's mean. A finished member
+    still ranks the others but is not copied; one that has only paused is."""
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+    from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
+
+    def ended(member: int, score: float, timesteps: int, paused: bool) -> Segment:
+        folder = tmp_path / f"member_{member}/segment_000"
+        path = folder / "checkpoints" / "000001.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_npz(path, {"theta": np.full(3, float(member))}, {"timesteps": timesteps, "format": 2})
+        return Segment(member, 0, member, folder, member, {}, timesteps, state="ended", timesteps=timesteps,
+                       values=[score], checkpoint=str(path.relative_to(tmp_path)), paused=paused)
+
+    for leader_paused, copies in [(False, False), (True, True)]:
+        sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=1,
+                             quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
+                             sample_initial=False, synchronous=False, seed=0)
+        sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = tmp_path, [], 0, 0.0
+        launched = []
+        sweeper._launch = launched.append
+        (tmp_path / "pbt.jsonl").unlink(missing_ok=True)
+        sweeper.members = [Member(0, [ended(0, -5.0, 100, paused=True)]),
+                           Member(1, [ended(1, 10.0, 200, paused=leader_paused)])]
+        sweeper._go_on(sweeper.members[0])
+        went_on = launched[0]
+        assert bool(lineage(tmp_path, "exploit")) == copies
+        assert went_on.start_from == ("member_1" if copies else "member_0") + "/segment_000/checkpoints/000001.npz"
+        assert went_on.start_timesteps == (200 if copies else 100)
+        for folder in tmp_path.glob("member_0/segment_001"):
+            shutil.rmtree(folder)
 
 
 # --- sweeps -------------------------------------------------------------------------------------------
