@@ -3,7 +3,6 @@ and PPO populations (generational ones reproduced, asynchronous ones resumed aft
 a member's job killed, a checkpoint damaged), its lineage and plot, and each bad input in one line."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -42,6 +41,18 @@ def last_theta(sweep_dir: Path, member: int) -> np.ndarray:
     checkpoint = sorted((segment / "checkpoints").glob("*.npz"))[-1]
     with np.load(checkpoint) as data:
         return data["theta"]
+
+
+def deciding_sweeper(sweep_dir: Path, window: int):
+    """A sweeper of two members that makes its decisions alone: the segments it would start are collected, not run."""
+    from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
+    sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=window,
+                         quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
+                         sample_initial=False, synchronous=False, seed=0)
+    sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = sweep_dir, [], 0, 0.0
+    launched = []
+    sweeper._launch = launched.append
+    return sweeper, launched
 
 
 # --- what PBT stands on: a run pauses at until_timesteps, and a resume may retune ----------------------
@@ -153,7 +164,6 @@ def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
     segment began from (the ready member's own start, which it may not copy)."""
     from fiberrl.run import save_npz
     from hydra_plugins.fiberrl_pbt.population import Member, Segment
-    from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
 
     def checkpoint(folder: str, iteration: int, timesteps: int) -> str:
         path = tmp_path / folder / "checkpoints" / f"{iteration:06d}.npz"
@@ -161,12 +171,7 @@ def test_a_ready_member_copies_a_running_donors_newest_checkpoint(tmp_path):
         save_npz(path, {"theta": np.full(3, float(timesteps))}, {"timesteps": timesteps, "format": 2})
         return str(path.relative_to(tmp_path))
 
-    sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=2,
-                         quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
-                         sample_initial=False, synchronous=False, seed=0)
-    sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = tmp_path, [], 0, 0.0
-    launched = []
-    sweeper._launch = launched.append  # the decision alone: no run is started
+    sweeper, launched = deciding_sweeper(tmp_path, window=2)
     ready = Segment(0, 0, 0, tmp_path / "member_0/segment_000", 0, {}, 100, state="ended", timesteps=100,
                     values=[-5.0], checkpoint=checkpoint("member_0/segment_000", 1, 100), paused=True)
     running = Segment(1, 0, 1, tmp_path / "member_1/segment_000", 1, {}, 100)
@@ -198,33 +203,25 @@ def test_a_member_that_has_finished_is_not_copied_for_it_leaves_no_steps_to_expl
     still ranks the others but is not copied; one that has only paused is."""
     from fiberrl.run import save_npz
     from hydra_plugins.fiberrl_pbt.population import Member, Segment
-    from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
 
-    def ended(member: int, score: float, timesteps: int, paused: bool) -> Segment:
-        folder = tmp_path / f"member_{member}/segment_000"
+    def ended(sweep_dir: Path, member: int, score: float, timesteps: int, paused: bool) -> Segment:
+        folder = sweep_dir / f"member_{member}/segment_000"
         path = folder / "checkpoints" / "000001.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
         save_npz(path, {"theta": np.full(3, float(member))}, {"timesteps": timesteps, "format": 2})
         return Segment(member, 0, member, folder, member, {}, timesteps, state="ended", timesteps=timesteps,
-                       values=[score], checkpoint=str(path.relative_to(tmp_path)), paused=paused)
+                       values=[score], checkpoint=str(path.relative_to(sweep_dir)), paused=paused)
 
     for leader_paused, copies in [(False, False), (True, True)]:
-        sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=1,
-                             quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
-                             sample_initial=False, synchronous=False, seed=0)
-        sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = tmp_path, [], 0, 0.0
-        launched = []
-        sweeper._launch = launched.append
-        (tmp_path / "pbt.jsonl").unlink(missing_ok=True)
-        sweeper.members = [Member(0, [ended(0, -5.0, 100, paused=True)]),
-                           Member(1, [ended(1, 10.0, 200, paused=leader_paused)])]
+        sweep_dir = tmp_path / f"leader_paused_{leader_paused}"
+        sweeper, launched = deciding_sweeper(sweep_dir, window=1)
+        sweeper.members = [Member(0, [ended(sweep_dir, 0, -5.0, 100, paused=True)]),
+                           Member(1, [ended(sweep_dir, 1, 10.0, 200, paused=leader_paused)])]
         sweeper._go_on(sweeper.members[0])
         went_on = launched[0]
-        assert bool(lineage(tmp_path, "exploit")) == copies
+        assert bool(lineage(sweep_dir, "exploit")) == copies
         assert went_on.start_from == ("member_1" if copies else "member_0") + "/segment_000/checkpoints/000001.npz"
         assert went_on.start_timesteps == (200 if copies else 100)
-        for folder in tmp_path.glob("member_0/segment_001"):
-            shutil.rmtree(folder)
 
 
 # --- sweeps -------------------------------------------------------------------------------------------

@@ -156,13 +156,14 @@ class PBTSweeper(Sweeper):
         if standings is None:
             standings = self._standings()
         standings = {**standings, member.index: member.standing(self.window)}  # with its checkpoint's state
-        # a member copies only a point past where its own segment began: each exploit moves it forward, so two
-        # members cannot copy each other's last ready points back and forth for ever
-        # nor a member that has finished: its last checkpoint leaves the copy no env steps to explore in, and
-        # would only stand in the population as a second copy of it (Ray Tune's PBT drops finished trials too)
-        donor, passed_over = None, set() if damaged else {
-            i for i, s in standings.items() if s is not None and s.timesteps <= current.start_timesteps} | {
-            m.index for m in self.members if m.finished}
+        donor, passed_over = None, set()
+        if not damaged:
+            # a member copies only a point past where its own segment began: each exploit moves it forward, so
+            # two members cannot copy each other's last ready points back and forth for ever
+            passed_over = {i for i, s in standings.items() if s is not None and s.timesteps <= current.start_timesteps}
+            # nor a member that has finished: its last checkpoint leaves the copy no env steps to explore in, and
+            # would only stand in the population as a second copy of it (Ray Tune's PBT drops finished trials too)
+            passed_over |= {m.index for m in self.members if m.finished}
         folder = self._folder(member.index, current.index + 1)
         if damaged or current.timesteps >= self.burn_in:
             while True:  # a donor whose checkpoint is damaged is passed over
