@@ -3,6 +3,7 @@ second and the update's time, whole runs of ``python -m fiberrl`` in alternating
 
     python experiments/micro/bench_ppo_learners.py [--preset bipedal_walker|breakout|cartpole] [--learners 1 2 4]
         [--updates 6] [--rounds 2] [--hosts local|docker] [--threads N] [--straggler 0.02]
+        [--devices cpu cuda] [--set KEY=VALUE ...] [--json FILE]
 
 Each run is the preset with the same envs in all (``workers`` env servers, split over the K
 learners) and the same global minibatch (each learner takes ``num_minibatches`` of its own
@@ -13,7 +14,10 @@ one core per learner).  ``--hosts docker``: every learner and env server is a co
 (the docker tests' image), standing in for hosts; ``--threads N`` sets every learner's torch threads
 (``OMP_NUM_THREADS``: containers on one machine each see all of its cores).  ``--straggler D``: one
 learner's env servers sleep D seconds a step (``tests/helpers/slow_member_env.py``, CartPole) and K learners run
-without and with ``algo.preempt_share=0.5``.  The machine is shared and noisy: compare ratios.
+without and with ``algo.preempt_share=0.5``.  ``--devices cpu cuda``: every K with its learners on each device
+(``algo.device``; a K above the GPUs is refused as above).  ``--set KEY=VALUE``: a setting that replaces the
+preset's of that key or adds to them (``--set env=breakout_noframeskip``).  ``--json FILE``: every run's
+figures, and the refusals.  The machine is shared and noisy: compare ratios.
 """
 from __future__ import annotations
 
@@ -69,6 +73,11 @@ def one_run(settings: list[str], learners: int, updates: int, hosts: list[str], 
             "steps_per_update": steps / len(steady), "wall_s": wall}
 
 
+def with_overrides(settings: list[str], overrides: list[str]) -> list[str]:
+    keys = {override.split("=", 1)[0] for override in overrides}
+    return [setting for setting in settings if setting.split("=", 1)[0] not in keys] + overrides
+
+
 def docker_hosts() -> list[str]:
     sys.path.insert(0, str(REPO / "tests"))
     from helpers import docker_backend  # the docker tests' image: this machine's libraries, this venv mounted
@@ -92,6 +101,11 @@ def main() -> None:
                         help="OMP_NUM_THREADS of every learner (containers on one machine cannot see their share)")
     parser.add_argument("--straggler", type=float, default=None,
                         help="seconds a step of one learner's env servers (CartPole); compares preempt_share")
+    parser.add_argument("--devices", nargs="+", choices=("cpu", "cuda"), default=None,
+                        help="algo.device of the learners, each K on each (default: the preset's)")
+    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="settings that replace the preset's of the same key, or add to them")
+    parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
     if args.threads is not None:
@@ -105,8 +119,11 @@ def main() -> None:
         k = max(args.learners)
         kinds = {f"K={k}, whole rollouts": [], f"K={k}, algo.preempt_share=0.5": ["algo.preempt_share=0.5"]}
     else:
-        settings = PRESETS[args.preset]
-        kinds = {f"K={k}": [] for k in args.learners}
+        settings = with_overrides(PRESETS[args.preset], args.overrides)
+        if args.devices is None:
+            kinds = {f"K={k}": [] for k in args.learners}
+        else:
+            kinds = {f"K={k}, {device}": [f"algo.device={device}"] for device in args.devices for k in args.learners}
     figures: dict[str, list[dict]] = {name: [] for name in kinds}
     refused: dict[str, str] = {}
     for round_ in range(args.rounds):
@@ -125,7 +142,8 @@ def main() -> None:
                   f"rollout {result['rollout_s']:.2f} s, {result['steps_per_update']:,.0f} steps an update",
                   flush=True)
 
-    label = (f"straggler {args.straggler} s a step" if args.straggler is not None else args.preset)
+    label = (f"straggler {args.straggler} s a step" if args.straggler is not None
+             else " ".join([args.preset, *args.overrides]))
     threads = f", OMP_NUM_THREADS={args.threads}" if args.threads is not None else ""
     print(f"\nPPO, {label}, {args.hosts} hosts{threads}, {args.updates} updates a run, {args.rounds} rounds "
           f"(medians; ratios to the first row)")
@@ -140,6 +158,9 @@ def main() -> None:
         print(f"{name:<30}{sps:>13,.0f}{statistics.median(r['update_s'] for r in runs):>10.2f}"
               f"{statistics.median(r['rollout_s'] for r in runs):>11.2f}"
               f"{statistics.median(r['steps_per_update'] for r in runs):>14,.0f}{sps / base:>8.2f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "cores": os.cpu_count(),
+                                         "runs": figures, "refused": refused}, indent=1))
 
 
 if __name__ == "__main__":
