@@ -2,7 +2,8 @@
 (learning rate 3e-3, entropy coefficient 0.02, clip 0.4, GAE lambda 0.8; the preset has 3e-4, 0, 0.18,
 0.95), at a budget this machine affords:
 
-- (a) ``pbt``: fiberrl's ``hydra/sweeper=pbt`` mutating PPO's usual set (those four settings);
+- (a) ``pbt``: fiberrl's ``hydra/sweeper=pbt`` mutating PPO's usual set (those four settings); ``pbt-ttest``:
+  the same with Jaderberg et al.'s t-test selection (``hydra.sweeper.selection=ttest``) in place of truncation;
 - (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
   ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
@@ -27,12 +28,13 @@ cut short starts again.
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray), --eval-episodes (100), --ray-python (default: this interpreter; without Ray
+--which (pbt independent ray; or pbt-ttest), --eval-episodes (100), --ray-python (default: this interpreter; without Ray
 the peer is skipped with the reason).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -62,12 +64,12 @@ def poor() -> list[str]:
     return [f"{key}={value}" for key, value in POOR.items()]
 
 
-def run_pbt(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tuple[list[tuple[Path, float]], float]:
     command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args.member_steps), *poor(),
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
-               f"hydra.sweeper.burn_in={args.burn_in}",
+               f"hydra.sweeper.burn_in={args.burn_in}", f"hydra.sweeper.selection={selection}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
     members = []
@@ -141,7 +143,7 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "independent", "ray"])
+                        choices=["pbt", "pbt-ttest", "independent", "ray"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
@@ -150,7 +152,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    kinds = {"pbt": run_pbt, "independent": run_independent, "ray": run_ray}
+    kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
+             "independent": run_independent, "ray": run_ray}
     if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
         print(f"the Ray peer is skipped: {why}", flush=True)
         args.which = [k for k in args.which if k != "ray"]
@@ -178,14 +181,14 @@ def report(results: dict, args) -> None:
         population = r.get("population_final", float("nan"))  # results written before every member was scored
         print(f"{key:<22}{r['best_final']:>14.1f}{population:>18.1f}{r['population_mean']:>16.1f}"
               f"{r['wall_s'] / 60:>12.1f}")
-    for kind in ("independent", "ray"):
-        pairs = [(results[f"pbt/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
-                 if f"pbt/seed{s}" in results and f"{kind}/seed{s}" in results]
+    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest") for k in ("independent", "ray")]:
+        pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
+                 if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]
         if pairs:
             better = statistics.mean(a["best_final"] - b["best_final"] for a, b in pairs)
             population = statistics.mean(a.get("population_final", float("nan")) - b.get("population_final",
                                          float("nan")) for a, b in pairs)
-            print(f"pbt vs {kind}: best member {better:+.1f}, population {population:+.1f}, "
+            print(f"{ours} vs {kind}: best member {better:+.1f}, population {population:+.1f}, "
                   f"wall time {statistics.mean(a['wall_s'] / b['wall_s'] for a, b in pairs):.2f}x")
 
 

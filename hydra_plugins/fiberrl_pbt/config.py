@@ -17,7 +17,12 @@ class PBTSweeperConf:
     metric: str = "eval_reward"
     mode: str = "max"
     window: int = 3
-    quantile: float = 0.25            # a ready member in the bottom quantile copies one of the top quantile
+    # how a ready member chooses whom to copy (Jaderberg et al.'s two rules): "truncation", in the bottom quantile
+    # it copies one of the top quantile; "ttest", it copies another member drawn at random when Welch's t-test
+    # on their last `window` values says that member is better at `significance`
+    selection: str = "truncation"
+    quantile: float = 0.25
+    significance: float = 0.05
     # the mutations, as Hydra's sweepers take their search spaces: setting -> a space in sweep syntax
     # ("tag(log, interval(1e-5, 1e-2))", "choice(0.9, 0.95)", "range(1, 11)") or {space: ..., resample: p,
     # factors: [..]}; a sweep override on the command line (algo.clip_coef='interval(0.1,0.3)') is one too.

@@ -7,6 +7,7 @@ metric's last ``window`` values along its lineage (what the run it went on from 
 own)."""
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -130,3 +131,34 @@ def choose_donor(member: int, standings: dict[int, Standing], maximize: bool, qu
     elif member not in ranked[len(ranked) - size:] or not size:
         return None
     return top[int(rng.integers(len(top)))] if top else None
+
+
+def choose_donor_by_ttest(member: int, standings: dict[int, Standing], maximize: bool, significance: float, rng,
+                          passed_over: frozenset = frozenset()) -> tuple[Optional[int], Optional[float]]:
+    """Jaderberg et al.'s t-test selection: another member with something to copy, drawn uniformly, is copied
+    when the mean of its last values is better than ``member``'s and Welch's t-test on the two says so at
+    ``significance``. Returns (that member or None, the test's one-sided p-value; None if there was no test).
+    Unlike truncation it copies no member on a difference its few noisy values cannot tell from chance."""
+    own = standings.get(member)
+    copyable = [i for i, s in sorted(standings.items())
+                if i != member and s is not None and i not in passed_over and s.checkpoint is not None]
+    if own is None or not copyable:
+        return None, None
+    other = copyable[int(rng.integers(len(copyable)))]
+    if len(own.history) < 2 or len(standings[other].history) < 2:  # a variance needs two values
+        return None, None
+    p_value = welch_p_value(standings[other].history, own.history, maximize)
+    return (other if p_value < significance else None), p_value
+
+
+def welch_p_value(candidate: list[float], own: list[float], maximize: bool) -> float:
+    """One-sided p-value of Welch's t-test that ``candidate``'s mean is above ``own``'s (below, if not
+    ``maximize``). Two samples without spread: 0 if the candidate's mean is better, else 1."""
+    from scipy import stats  # only a sweep that selects by t-test needs it
+    if len(set(candidate)) == 1 and len(set(own)) == 1:
+        better = candidate[0] - own[0]
+        return 0.0 if (better > 0 if maximize else better < 0) else 1.0
+    with warnings.catch_warnings():  # values nearly alike: scipy warns of lost precision, and its p is still right
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_ind(candidate, own, equal_var=False, alternative="greater" if maximize else "less")
+    return float(result.pvalue)

@@ -4,9 +4,10 @@
 ``interval`` env steps (``until_timesteps``). A paused member is ready: ranked by its metric against
 the others as they are now, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
 a top-quantile member's newest (weights, optimizer, normalisers, env states, counters: what an exact resume
-restores) with that member's settings explored (perturbed or resampled). Each stretch a member runs
-between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``) in
-``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
+restores) with that member's settings explored (perturbed or resampled). With ``selection=ttest`` it copies
+instead another member drawn at random whose last values Welch's t-test finds better than its own. Each
+stretch a member runs between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``)
+in ``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
 
 Asynchronous by default (a ready member never waits); ``synchronous=true`` is generational. Every
 decision is appended to ``pbt.jsonl`` before it is acted on, so a sweep killed and run again on the
@@ -37,7 +38,7 @@ from fiberrl.run import CHECKPOINT, DamagedFile, atomic_write, load_npz, metrics
 
 from ..fiberrl_launcher.launcher import FiberrlLauncher, SweepError
 from .mutations import Mutation, MutationError, parse
-from .population import Member, Segment, choose_donor, ranking
+from .population import Member, Segment, choose_donor, choose_donor_by_ttest, ranking
 
 log = logging.getLogger(__name__)
 LINEAGE = "pbt.jsonl"
@@ -50,9 +51,11 @@ class PBTError(Exception):
 class PBTSweeper(Sweeper):
     def __init__(self, population: int, interval: int, burn_in: int, metric: str, mode: str, window: int,
                  quantile: float, params: Any, resample_probability: float, perturb_factors: Any,
-                 sample_initial: bool, synchronous: bool, seed: Optional[int]) -> None:
+                 sample_initial: bool, synchronous: bool, seed: Optional[int], selection: str = "truncation",
+                 significance: float = 0.05) -> None:
         self.population, self.interval, self.burn_in = population, interval, burn_in
         self.metric, self.mode, self.window, self.quantile = metric, mode, window, quantile
+        self.selection, self.significance = selection, significance
         self.params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params or {})
         self.resample_probability, self.perturb_factors = resample_probability, list(perturb_factors)
         self.sample_initial, self.synchronous, self.seed = sample_initial, synchronous, seed
@@ -165,10 +168,15 @@ class PBTSweeper(Sweeper):
             # would only stand in the population as a second copy of it (Ray Tune's PBT drops finished trials too)
             passed_over |= {m.index for m in self.members if m.finished}
         folder = self._folder(member.index, current.index + 1)
+        p_value = None
         if damaged or current.timesteps >= self.burn_in:
             while True:  # a donor whose checkpoint is damaged is passed over
-                donor = choose_donor(member.index, standings, self.mode == "max", self.quantile, rng,
-                                     must=bool(damaged), passed_over=frozenset(passed_over))
+                if self.selection == "ttest" and not damaged:
+                    donor, p_value = choose_donor_by_ttest(member.index, standings, self.mode == "max",
+                                                           self.significance, rng, passed_over=frozenset(passed_over))
+                else:
+                    donor = choose_donor(member.index, standings, self.mode == "max", self.quantile, rng,
+                                         must=bool(damaged), passed_over=frozenset(passed_over))
                 if donor is None:
                     break
                 running = self.members[donor].current
@@ -202,7 +210,10 @@ class PBTSweeper(Sweeper):
                            "timesteps": current.timesteps, "from_timesteps": source.timesteps,
                            "from": donor, "to": member.index, "from_score": source.score,
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
-                           "checkpoint": source.checkpoint, "damaged": damaged or None})
+                           "checkpoint": source.checkpoint, "damaged": damaged or None,
+                           # what the t-test compared: the donor's values up to the point copied, and its own
+                           **({"p_value": p_value, "from_values": source.history,
+                               "to_values": standings[member.index].history} if p_value is not None else {})})
         segment = Segment(member.index, current.index + 1, self._job(), folder, source.seed, settings,
                           until=source.timesteps + self.interval, start_from=source.checkpoint,
                           start_timesteps=source.timesteps, carried=list(source.history),
@@ -277,10 +288,16 @@ class PBTSweeper(Sweeper):
                ("window", self.window, self.window >= 1, "at least 1 value"),
                ("quantile", self.quantile, 0 < self.quantile <= 0.5, "in (0, 0.5]: the bottom and top quantiles "
                                                                      "must not overlap"),
-               ("mode", self.mode, self.mode in ("max", "min"), "max or min")]
+               ("mode", self.mode, self.mode in ("max", "min"), "max or min"),
+               ("selection", self.selection, self.selection in ("truncation", "ttest"), "truncation or ttest"),
+               ("significance", self.significance, 0 < self.significance < 1, "in (0, 1): the p-value below "
+                                                                               "which a t-test copies")]
         for name, value, ok, rule in bad:
             if not ok:
                 raise PBTError(f"hydra.sweeper.{name}={value}: must be {rule}")
+        if self.selection == "ttest" and self.window < 2:
+            raise PBTError(f"hydra.sweeper.window={self.window}: selection=ttest compares two members' last "
+                           f"`window` values with Welch's t-test, which needs at least 2 of each; set window>=2")
 
     def _mutation(self, key: str, spec: Any, base: DictConfig) -> Mutation:
         name = key[len("algo."):] if key.startswith("algo.") else None
@@ -298,10 +315,14 @@ class PBTSweeper(Sweeper):
     def _first_line(self, resumed: bool) -> str:
         mode = "generational" if self.synchronous else "asynchronous"
         usual = f" (algo={self.record.name}'s usual set)" if self.defaults else ""
+        if self.selection == "ttest":
+            chooses = (f"a ready member copies another drawn at random when Welch's t-test on their last "
+                       f"{self.window} values says it is better (p < {self.significance:g})")
+        else:
+            chooses = f"bottom {self.quantile:g} copies top {self.quantile:g}"
         return (f"pbt: {self.population} members, ready every {self.interval:,} env steps"
                 + (f" after {self.burn_in:,}" if self.burn_in else "") + f", {mode}; ranked by {self.metric} "
-                f"({self.mode}, mean of the last {self.window}), bottom {self.quantile:g} copies top "
-                f"{self.quantile:g}; "
+                f"({self.mode}, mean of the last {self.window}), {chooses}; "
                 f"mutating {', '.join(m.describe() for m in self.mutations)}{usual}; "
                 f"lineage in {self.sweep_dir / LINEAGE}" + (" (resumed)" if resumed else ""))
 
@@ -310,7 +331,10 @@ class PBTSweeper(Sweeper):
         return {"population": self.population, "interval": self.interval, "burn_in": self.burn_in,
                 "metric": self.metric, "mode": self.mode, "window": self.window, "quantile": self.quantile,
                 "synchronous": self.synchronous, "seed": self.decision_seed, "base_seed": self.base_seed,
-                "mutations": [m.describe() for m in self.mutations], "fixed": self.fixed}
+                "mutations": [m.describe() for m in self.mutations], "fixed": self.fixed,
+                # only when not the default, so that a sweep begun before t-test selection existed resumes
+                **({"selection": self.selection, "significance": self.significance}
+                   if self.selection != "truncation" else {})}
 
     def _replay(self) -> bool:
         """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
