@@ -43,12 +43,12 @@ def last_theta(sweep_dir: Path, member: int) -> np.ndarray:
         return data["theta"]
 
 
-def deciding_sweeper(sweep_dir: Path, window: int):
-    """A sweeper of two members that makes its decisions alone: the segments it would start are collected, not run."""
+def deciding_sweeper(sweep_dir: Path, window: int, population: int = 2, **settings):
+    """A sweeper that makes its decisions alone: the segments it would start are collected, not run."""
     from hydra_plugins.fiberrl_pbt.sweeper import PBTSweeper
-    sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode="max", window=window,
-                         quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
-                         sample_initial=False, synchronous=False, seed=0)
+    sweeper = PBTSweeper(population=population, interval=100, burn_in=0, metric="eval_reward", mode="max",
+                         window=window, quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
+                         sample_initial=False, synchronous=False, seed=0, **settings)
     sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = sweep_dir, [], 0, 0.0
     launched = []
     sweeper._launch = launched.append
@@ -224,6 +224,68 @@ def test_a_member_that_has_finished_is_not_copied_for_it_leaves_no_steps_to_expl
         assert went_on.start_timesteps == (200 if copies else 100)
 
 
+def test_ttest_selection_copies_only_a_member_whose_values_are_significantly_better():
+    """Jaderberg et al.'s t-test selection: another member drawn at random is copied when Welch's t-test on the
+    two members' last values finds it better; a difference as large but as noisy as BipedalWalker's 3-episode
+    evaluations early on is not, where truncation copies whatever ranks on top."""
+    from hydra_plugins.fiberrl_pbt.population import (Member, Segment, choose_donor, choose_donor_by_ttest,
+                                                      welch_p_value)
+
+    def standings(*histories):
+        members = [Member(i, [Segment(i, 0, i, Path(f"m{i}"), i, {}, 100, state="ended", timesteps=100,
+                                      values=list(values), checkpoint=f"member_{i}/c.npz", paused=True)])
+                   for i, values in enumerate(histories)]
+        return {m.index: m.standing(3) for m in members}
+
+    rng = np.random.default_rng(0)
+    # a member that falls at once, steadily, against one that walks
+    steady = standings([-106.2, -109.0, -104.3], [150.2, 171.9, 160.4])
+    donor, p_value = choose_donor_by_ttest(0, steady, True, 0.05, rng)
+    assert donor == 1 and p_value < 0.001
+    assert choose_donor_by_ttest(1, steady, True, 0.05, rng) == (None, pytest.approx(1.0, abs=1e-3))
+    assert choose_donor_by_ttest(1, steady, False, 0.05, rng)[0] == 0  # min: the lower is better
+    # a late starter 40 below the leader on noisy evaluations: truncation copies over it, the t-test does not
+    noisy = standings([60.3, 141.0, 171.1], [172.0, 183.9, 176.3])
+    assert choose_donor(0, noisy, True, 0.5, rng) == 1
+    donor, p_value = choose_donor_by_ttest(0, noisy, True, 0.05, rng)
+    assert donor is None and 0.05 < p_value < 0.5
+    # the one-sided Welch's test: t = 1.549 on 2.94 degrees of freedom, whose Student-t tail (integrated
+    # numerically, apart from scipy) is 0.11044
+    assert welch_p_value([2.0, 4.0, 6.0], [1.0, 2.0, 3.0], True) == pytest.approx(0.11044, abs=1e-5)
+    assert welch_p_value([5.0, 5.0], [1.0, 1.0], True) == 0.0 and welch_p_value([1.0, 1.0], [1.0, 1.0], True) == 1.0
+    # fewer than two values: no variance, no test, no copy
+    assert choose_donor_by_ttest(0, standings([-100.0], [150.0, 160.0]), True, 0.05, rng) == (None, None)
+    # the member drawn is any other with something to copy, uniformly
+    three = standings([0.0, 1.0, 0.5], [100.0, 101.0, 99.0], [100.0, 102.0, 98.0])
+    assert {choose_donor_by_ttest(0, three, True, 0.05, rng)[0] for _ in range(40)} == {1, 2}
+    assert {choose_donor_by_ttest(0, three, True, 0.05, rng, passed_over=frozenset({1}))[0]
+            for _ in range(10)} == {2}
+
+
+def test_a_ttest_exploit_records_its_p_value_and_the_values_it_compared(tmp_path):
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+
+    def ended(member: int, values: list) -> Segment:
+        folder = tmp_path / f"member_{member}/segment_000"
+        path = folder / "checkpoints" / "000001.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_npz(path, {"theta": np.full(3, float(member))}, {"timesteps": 100, "format": 2})
+        return Segment(member, 0, member, folder, member, {}, 100, state="ended", timesteps=100, values=values,
+                       checkpoint=str(path.relative_to(tmp_path)), paused=True)
+
+    sweeper, launched = deciding_sweeper(tmp_path, window=3, selection="ttest", significance=0.05)
+    sweeper.members = [Member(0, [ended(0, [-106.2, -109.0, -104.3])]), Member(1, [ended(1, [150.2, 171.9, 160.4])])]
+    sweeper._go_on(sweeper.members[0])
+    exploit = lineage(tmp_path, "exploit")[0]
+    assert (exploit["from"], exploit["to"]) == (1, 0) and exploit["p_value"] < 0.001
+    assert exploit["from_values"] == [150.2, 171.9, 160.4] and exploit["to_values"] == [-106.2, -109.0, -104.3]
+    assert launched[0].start_from == "member_1/segment_000/checkpoints/000001.npz"
+    # the leader, ready next, draws member 0 (now a copy of it) and is not significantly worse: it goes on
+    sweeper._go_on(sweeper.members[1])
+    assert len(lineage(tmp_path, "exploit")) == 1 and launched[1].start_from.startswith("member_1/")
+
+
 # --- sweeps -------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -259,6 +321,22 @@ def test_a_generational_sweep_gives_the_same_lineage_and_parameters_again_and_dr
     out = subprocess.run([PYTHON, "-m", "fiberrl.plot", str(tmp_path / "a"), "-o", str(tmp_path / "pbt.png")],
                          cwd=ROOT, text=True, capture_output=True)
     assert out.returncode == 0 and (tmp_path / "pbt.png").stat().st_size > 10_000, out.stderr
+
+
+@pytest.mark.slow
+def test_a_ttest_sweep_copies_only_where_its_recorded_values_pass_the_test(tmp_path):
+    from hydra_plugins.fiberrl_pbt.population import welch_p_value
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "hydra.sweeper.selection=ttest",
+            "hydra.sweeper.window=2", "hydra.sweeper.significance=0.3"]
+    code, out, err = sweep([*args, f"hydra.sweep.dir={tmp_path}"])
+    assert code == 0, err
+    assert ("a ready member copies another drawn at random when Welch's t-test on their last 2 values says it is "
+            "better (p < 0.3)") in out.splitlines()[0]
+    exploits = lineage(tmp_path, "exploit")
+    assert exploits, "no member copied another"
+    for exploit in exploits:
+        assert exploit["p_value"] < 0.3
+        assert exploit["p_value"] == welch_p_value(exploit["from_values"], exploit["to_values"], True)
 
 
 @pytest.mark.slow
@@ -357,6 +435,11 @@ def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
 @pytest.mark.parametrize("args, said", [
     (["hydra.sweeper.population=1"], "hydra.sweeper.population=1: must be at least 2"),
     (["hydra.sweeper.quantile=0.6"], "hydra.sweeper.quantile=0.6: must be in (0, 0.5]"),
+    (["hydra.sweeper.selection=tournament"], "hydra.sweeper.selection=tournament: must be truncation or ttest"),
+    (["hydra.sweeper.selection=ttest", "hydra.sweeper.significance=1.5"],
+     "hydra.sweeper.significance=1.5: must be in (0, 1)"),
+    (["hydra.sweeper.selection=ttest", "hydra.sweeper.window=1"],
+     "hydra.sweeper.window=1: selection=ttest compares two members' last `window` values with Welch's t-test"),
     (["algo.sigma=interval(0.5,0.1)"], "algo.sigma=interval(0.5,0.1): an empty range"),
     (["algo.sigma=interval(-1,0.1)"], "reaches algo.sigma=-1.0, which no run takes"),
     (["algo.noise_size=interval(1,2)"], "algo.noise_size is not a setting algo=es lets a resume change"),
