@@ -9,6 +9,8 @@
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
   trainable (``pbt_ray_peer.py``, in ``--ray-python``: Ray is not a project dependency), with the same
   population, interval, quantile, mutations and metric.
+- ``preset``: the same members trained independently from the preset's own settings (not the poor ones):
+  what the settings PBT searches reach at this budget when they are good from the start.
 
 Every member runs ``+experiment=ppo_bipedal_walker`` with a smaller batch (2 env servers of 8 envs,
 512 steps each: 8,192 env steps an update, minibatches of 64), evaluated (3 episodes on its mean
@@ -28,8 +30,8 @@ cut short starts again.
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray; or pbt-ttest), --eval-episodes (100), --ray-python (default: this interpreter; without Ray
-the peer is skipped with the reason).
+--which (pbt independent ray; or pbt-ttest, preset), --eval-episodes (100), --ray-python (default: this
+interpreter; without Ray the peer is skipped with the reason).
 """
 from __future__ import annotations
 
@@ -83,9 +85,9 @@ def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tup
     return members, wall
 
 
-def run_independent(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+def run_independent(args, seed: int, folder: Path, start=poor) -> tuple[list[tuple[Path, float]], float]:
     seeds = ",".join(str(100 * seed + i) for i in range(args.population))
-    command = [sys.executable, "-m", "fiberrl", "-m", *fixed(args.member_steps), *poor(), f"seed={seeds}",
+    command = [sys.executable, "-m", "fiberrl", "-m", *fixed(args.member_steps), *start(), f"seed={seeds}",
                f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=member_${hydra.job.num}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
@@ -143,7 +145,7 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "pbt-ttest", "independent", "ray"])
+                        choices=["pbt", "pbt-ttest", "independent", "preset", "ray"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
@@ -153,7 +155,8 @@ def main() -> None:
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
-             "independent": run_independent, "ray": run_ray}
+             "independent": run_independent, "preset": functools.partial(run_independent, start=list),
+             "ray": run_ray}
     if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
         print(f"the Ray peer is skipped: {why}", flush=True)
         args.which = [k for k in args.which if k != "ray"]
