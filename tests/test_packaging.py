@@ -17,4 +17,4 @@ def test_every_package_in_the_tree_is_in_the_wheel():
         assert setuptools["package-dir"].get(name, folder) == folder
         for init in sorted((Path(ROOT) / folder).rglob("__init__.py")):
             package = ".".join([name, *init.parent.relative_to(Path(ROOT) / folder).parts])
-            assert package in listed, f"{init.parent} is a package the wheel leaves out: add {package} to pyproject.toml"
+            assert package in listed, f"{init.parent}: the wheel leaves it out; add {package} to pyproject.toml"

@@ -340,11 +340,12 @@ def test_a_ttest_sweep_copies_only_where_its_recorded_values_pass_the_test(tmp_p
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_is_replaced_by_a_top_members_copy(tmp_path):
+@pytest.mark.parametrize("selection", ["truncation", "ttest"])
+def test_a_damaged_checkpoint_is_replaced_by_a_top_members_copy(tmp_path, selection):
     sweep_dir = tmp_path / "sweep"
     # one run at a time: member 0's first segment has ended long before the generation's decisions
     proc = sweep([*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "hydra.launcher.runs_at_once=1",
-                  f"hydra.sweep.dir={sweep_dir}"], wait=False)
+                  f"hydra.sweeper.selection={selection}", f"hydra.sweep.dir={sweep_dir}"], wait=False)
     assert wait_until(lambda: (sweep_dir / "pbt.jsonl").exists() and any(
         e["member"] == 0 for e in lineage(sweep_dir, "ended")), 120)
     ended = next(e for e in lineage(sweep_dir, "ended") if e["member"] == 0)
@@ -372,9 +373,11 @@ def kill_a_running_member(sweep_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_killed(tmp_path):
+@pytest.mark.parametrize("selection", ["truncation", "ttest"])
+def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_killed(tmp_path, selection):
     sweep_dir = tmp_path / "sweep"
-    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}", "algo.iterations=8"]
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}", "algo.iterations=8",
+            f"hydra.sweeper.selection={selection}"]
     proc = sweep(args, wait=False)
     # a member's job is killed: the launcher starts it again from its own checkpoint
     assert wait_until(lambda: (sweep_dir / "pbt.jsonl").exists() and len(lineage(sweep_dir, "ended")) >= 2, 120)
