@@ -286,6 +286,34 @@ def test_a_ttest_exploit_records_its_p_value_and_the_values_it_compared(tmp_path
     assert len(lineage(tmp_path, "exploit")) == 1 and launched[1].start_from.startswith("member_1/")
 
 
+def test_a_ttest_exploit_of_a_fresh_copy_records_the_score_of_the_values_it_compared(tmp_path):
+    """A member that has just copied another and not yet logged a value is ranked (by truncation) at its own old
+    score, but what the t-test compares, and a member copying it takes, is its donor's: the record's from_score
+    is the mean of those values, not the old score."""
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+
+    leader = tmp_path / "member_2/segment_000/checkpoints/000001.npz"
+    leader.parent.mkdir(parents=True)
+    save_npz(leader, {"theta": np.full(3, 2.0)}, {"timesteps": 100, "format": 2})
+    poor = tmp_path / "member_0/segment_000/checkpoints/000001.npz"
+    poor.parent.mkdir(parents=True)
+    save_npz(poor, {"theta": np.zeros(3)}, {"timesteps": 100, "format": 2})
+    ready = Segment(0, 0, 0, poor.parents[1], 0, {}, 100, state="ended", timesteps=100,
+                    values=[-106.2, -109.0, -104.3], checkpoint=str(poor.relative_to(tmp_path)), paused=True)
+    fresh_copy = Segment(1, 1, 3, tmp_path / "member_1/segment_001", 2, {}, 200, start_from=str(leader.relative_to(
+        tmp_path)), start_timesteps=100, carried=[150.2, 171.9, 160.4], stands_at=-120.0)
+    gone = Segment(2, 0, 2, leader.parents[1], 2, {}, 100, state="failed")
+    sweeper, launched = deciding_sweeper(tmp_path, window=3, population=3, selection="ttest", significance=0.05)
+    sweeper.members = [Member(0, [ready]), Member(1, [fresh_copy]), Member(2, [gone])]
+    sweeper._go_on(sweeper.members[0])
+    exploit = lineage(tmp_path, "exploit")[0]
+    assert (exploit["from"], exploit["to"]) == (1, 0) and exploit["from_values"] == [150.2, 171.9, 160.4]
+    assert exploit["from_score"] == pytest.approx(sum(exploit["from_values"]) / 3)
+    assert exploit["to_score"] == pytest.approx(sum(exploit["to_values"]) / 3)
+    assert launched[0].start_from == str(leader.relative_to(tmp_path))
+
+
 # --- sweeps -------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

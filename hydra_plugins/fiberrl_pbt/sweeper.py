@@ -208,7 +208,7 @@ class PBTSweeper(Sweeper):
                       f"member {donor}'s", flush=True)
             events.append({"event": "exploit", "time": time.time(), "elapsed_s": round(time.time() - self._started, 3),
                            "timesteps": current.timesteps, "from_timesteps": source.timesteps,
-                           "from": donor, "to": member.index, "from_score": source.score,
+                           "from": donor, "to": member.index, "from_score": self._donor_score(source, p_value),
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None,
                            # what the t-test compared: the donor's values up to the point copied, and its own
@@ -223,6 +223,14 @@ class PBTSweeper(Sweeper):
         member.segments.append(segment)
         self._record(*events, {"event": "segment", **self._segment_record(segment)})
         self._launch(segment)
+
+    @staticmethod
+    def _donor_score(source, p_value: Optional[float]) -> Optional[float]:
+        """The donor's score as the choice saw it: truncation ranked it at ``score`` (a fresh copy at its own score
+        before it copied), the t-test compared the values up to the point copied, whose mean this is."""
+        if p_value is None:
+            return source.score
+        return sum(source.history) / len(source.history)
 
     def _standings(self) -> dict:
         """Every member's standing now: a running segment's metric as it has logged it so far, and its newest
