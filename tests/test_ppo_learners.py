@@ -81,16 +81,22 @@ class TogetherOrder:
 
 
 def _join(node):
+    global _node
+    _node = node
     node.init_process_group()
 
 
-def _learner_updates(target_kl: float | None, rank: int, size: int) -> np.ndarray:
+def _learner_updates(target_kl: float | None, through: str, rank: int, size: int) -> np.ndarray:
+    """One update as learner ``rank``; its gradients summed through gloo, or shared memory (``HostSum``)."""
     from torch import distributed as dist
+
+    from fiberrl.runtime.primitives.host_sum import HostSum
     agent = _agent()
     optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3, eps=1e-5)
-    ppo_update(agent, optimizer, _batch(rank), _settings(target_kl), _minibatch_orders(rank),
-               RingPeers(rank, size, None, 1, None))
+    peers = RingPeers(rank, size, _node.store if through == "host" else None, 1, None)
+    ppo_update(agent, optimizer, _batch(rank), _settings(target_kl), _minibatch_orders(rank), peers)
     assert dist.get_world_size() == 2
+    assert isinstance(peers._host_sum, HostSum) if through == "host" else peers._host_sum is None
     return _parameters(agent)
 
 
@@ -102,10 +108,13 @@ def test_two_learners_with_minibatch_b_step_as_one_with_minibatch_2b(target_kl):
     both = {k: torch.cat([_batch(0)[k], _batch(1)[k]]) for k in _batch(0)}
     losses = ppo_update(agent, optimizer, both, _settings(target_kl), TogetherOrder())
     one = _parameters(agent)
-    two = mp.Ring(2, functools.partial(_learner_updates, target_kl), _join).run()
+    two = mp.Ring(2, functools.partial(_learner_updates, target_kl, "host"), _join).run()
     np.testing.assert_array_equal(two[0], two[1])  # the learners stay one policy
     assert np.abs(one - _parameters(_agent())).max() > 1e-3  # the update moved it
     np.testing.assert_allclose(two[0], one, rtol=0, atol=1e-5)
+    # two members' sum is a + b whoever adds: shared memory gives gloo's bits
+    np.testing.assert_array_equal(mp.Ring(2, functools.partial(_learner_updates, target_kl, "gloo"), _join).run()[0],
+                                  two[0])
     if target_kl is not None:
         assert losses["losses/approx_kl"] > target_kl  # the epochs were cut short, alike
 

@@ -205,7 +205,7 @@ def _member(cfg, learn, saved, start: int, timesteps: int, reports, commands, ra
     """What each Ring member runs: PPO's ``learn`` on its share of the envs."""
     if "OMP_NUM_THREADS" not in os.environ:  # learners that share a host share its cores, not spin on all of each
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["LOCAL_WORLD_SIZE"])))
-    peers = RingPeers(rank, size, _node.store, cfg.algo.num_steps, cfg.algo.preempt_share)
+    peers = RingPeers(rank, size, _node.store, cfg.algo.num_steps, cfg.algo.preempt_share, COLLECTIVE_TIMEOUT_S)
     stop_signal.watch(functools.partial(_tell_the_ring, _node.store))
     loop = MemberLoop(peers, saved, start, timesteps, reports if rank == 0 else None,
                       commands if rank == 0 else None)
