@@ -57,24 +57,19 @@ def test_members_of_one_host_get_the_same_sum_as_numpys_in_rank_order_call_after
     assert not glob.glob("/dev/shm/fiberrl-host-sum-*")
 
 
-def _one_dies(rank: int, size: int) -> str:
+def _one_dies(rank: int, size: int) -> None:
     import torch
     summed = HostSum.join(_node.store, rank, size, 64, "test")
     summed.all_reduce(torch.ones(4))
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    began = time.monotonic()
-    try:
-        summed.all_reduce(torch.ones(4))
-    except HostSumError as e:
-        return f"{e.rank} {time.monotonic() - began:.2f} {e}"
-    return "no error"
+    summed.all_reduce(torch.ones(4))  # the others raise HostSumError here
 
 
 def test_a_member_killed_before_a_sum_is_named_by_the_others_at_once():
     with pytest.raises(mp.RingError) as caught:
         mp.Ring(3, _one_dies, _join).run()
-    # the Ring names the dead member; the others raised HostSumError naming it (their message is in the cause)
+    # the others raised too; the Ring names the member that died, the cause
     assert caught.value.rank == 1, caught.value
 
 
