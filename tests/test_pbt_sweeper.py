@@ -352,6 +352,39 @@ def test_a_generational_sweep_gives_the_same_lineage_and_parameters_again_and_dr
 
 
 @pytest.mark.slow
+def test_the_final_selection_names_the_member_whose_final_policy_runs_best_and_is_kept(tmp_path):
+    from fiberrl.evaluate import evaluate
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", f"hydra.sweep.dir={tmp_path}"]
+    code, out, err = sweep([*args, "hydra.sweeper.final_episodes=3", "hydra.sweeper.final_seed=500"])
+    assert code == 0, err
+    assert "; the best named by 3 episodes of each final policy;" in out.splitlines()[0]
+    finals = {e["member"]: e for e in lineage(tmp_path, "final")}
+    assert sorted(finals) == [0, 1, 2] and all(e["episodes"] == 3 and e["seed"] == 500 for e in finals.values())
+    for member, final in finals.items():  # what fiberrl.evaluate gives for that member's final policy
+        folder = tmp_path / f"member_{member}" / f"segment_{final['segment']:03d}"
+        returns = [r for r, _ in evaluate(folder, 3, 500, "latest")]
+        assert final["mean"] == pytest.approx(np.mean(returns)) and final["std"] == pytest.approx(np.std(returns))
+    best = max(finals, key=lambda m: (finals[m]["mean"], -m))
+    named = next(line for line in out.splitlines() if line.startswith("pbt: best member"))
+    assert named.startswith(f"pbt: best member {best}, {finals[best]['mean']:.2f} ± ") and \
+        "over its final 3 episodes (eval_reward " in named, out
+
+    # run again, the selection is read back, not run again; with other episodes it is run again
+    code, out, err = sweep([*args, "hydra.sweeper.final_episodes=3", "hydra.sweeper.final_seed=500"])
+    assert code == 0, err
+    assert len(lineage(tmp_path, "final")) == 3 and named in out.splitlines()
+    # a member whose final checkpoint is damaged is left out, in one line
+    damaged = lineage(tmp_path, "ended")[-1]
+    (tmp_path / damaged["checkpoint"]).write_bytes(b"not a checkpoint")
+    code, out, err = sweep([*args, "hydra.sweeper.final_episodes=2", "hydra.sweeper.final_seed=500"])
+    assert code == 0, err
+    said = [line for line in out.splitlines() if "final policy cannot be run" in line]
+    assert len(said) == 1 and said[0].startswith(f"pbt: member {damaged['member']}'s final policy cannot be run ("), out
+    again = [e for e in lineage(tmp_path, "final") if e["episodes"] == 2]
+    assert sorted(e["member"] for e in again if "mean" in e) == sorted({0, 1, 2} - {damaged["member"]})
+
+
+@pytest.mark.slow
 def test_a_ttest_sweep_copies_only_where_its_recorded_values_pass_the_test(tmp_path):
     from hydra_plugins.fiberrl_pbt.population import welch_p_value
     args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "hydra.sweeper.selection=ttest",
@@ -471,6 +504,7 @@ def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
      "hydra.sweeper.significance=1.5: must be in (0, 1)"),
     (["hydra.sweeper.selection=ttest", "hydra.sweeper.window=1"],
      "hydra.sweeper.window=1: selection=ttest compares two members' last `window` values with Welch's t-test"),
+    (["hydra.sweeper.final_episodes=-1"], "hydra.sweeper.final_episodes=-1: must be 0 (name the best member by"),
     (["algo.sigma=interval(0.5,0.1)"], "algo.sigma=interval(0.5,0.1): an empty range"),
     (["algo.sigma=interval(-1,0.1)"], "reaches algo.sigma=-1.0, which no run takes"),
     (["algo.noise_size=interval(1,2)"], "algo.noise_size is not a setting algo=es lets a resume change"),

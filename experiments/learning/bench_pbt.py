@@ -31,7 +31,11 @@ cut short starts again.
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
 --which (pbt independent ray; or pbt-ttest, preset), --eval-episodes (100), --ray-python (default: this
-interpreter; without Ray the peer is skipped with the reason).
+interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
+is the best by the ranking metric; N: the best mean return of each member's final policy over N other
+episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
+made here for the other sweeps), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders are
+still there get their best named again by --final-episodes).
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_python import missing_imports  # noqa: E402
 
 EVAL_SEED = 10_000
+FINAL_SEED = 1_000_000  # the final selection's episodes: none of the scored ones
 WINDOW = 3
 QUANTILE = 0.25
 POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
@@ -73,16 +78,22 @@ def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tup
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
                f"hydra.sweeper.burn_in={args.burn_in}", f"hydra.sweeper.selection={selection}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
+    if args.final_episodes:
+        command += [f"hydra.sweeper.final_episodes={args.final_episodes}", f"hydra.sweeper.final_seed={FINAL_SEED}"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
+    return pbt_members(folder, args.population), wall
+
+
+def pbt_members(folder: Path, population: int) -> list[tuple[Path, float]]:
     members = []
     events = [json.loads(line) for line in (folder / "pbt.jsonl").read_text().splitlines() if line.strip()]
-    for member in range(args.population):
+    for member in range(population):
         ended = [e for e in events if e["event"] == "ended" and e["member"] == member]
         last = ended[-1]
         segment = next(e for e in events if e["event"] == "segment" and e["member"] == member
                        and e["segment"] == last["segment"])
         members.append((folder / segment["folder"], last["score"]))
-    return members, wall
+    return members
 
 
 def run_independent(args, seed: int, folder: Path, start=poor) -> tuple[list[tuple[Path, float]], float]:
@@ -91,13 +102,17 @@ def run_independent(args, seed: int, folder: Path, start=poor) -> tuple[list[tup
                f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=member_${hydra.job.num}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
+    return independent_members(folder, args.population), wall
+
+
+def independent_members(folder: Path, population: int) -> list[tuple[Path, float]]:
     members = []
-    for member in range(args.population):
+    for member in range(population):
         run_dir = folder / f"member_{member}"
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         evals = [r["eval_reward"] for r in rows if isinstance(r.get("eval_reward"), (int, float))]
         members.append((run_dir, statistics.mean(evals[-WINDOW:])))
-    return members, wall
+    return members
 
 
 def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
@@ -106,11 +121,15 @@ def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], fl
                "--quantile", str(QUANTILE), "--window", str(WINDOW), "--burn-in", str(args.burn_in)]
     command += [f"--set={o}" for o in fixed(args.member_steps)] + [f"--start={o}" for o in poor()]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
+    return ray_members(folder), wall
+
+
+def ray_members(folder: Path) -> list[tuple[Path, float]]:
     result = json.loads((folder / "ray_results.json").read_text())
     failed = [t["error"] for t in result["trials"] if t["error"]]
     if failed:
         raise SystemExit(f"Ray's sweep in {folder}: {len(failed)} trials failed, the first: {failed[0]}")
-    return [(Path(t["run_dir"]), t["score"]) for t in result["trials"]], wall
+    return [(Path(t["run_dir"]), t["score"]) for t in result["trials"]]
 
 
 def _timed(command: list[str], log: Path) -> float:
@@ -123,13 +142,34 @@ def _timed(command: list[str], log: Path) -> float:
     return time.perf_counter() - began
 
 
-def evaluate_members(members: list[tuple[Path, float]], episodes: int) -> dict:
-    """Every member's final policy on the same episodes; the best is the best by the ranking metric."""
+def evaluate_members(members: list[tuple[Path, float]], episodes: int, final_episodes: int = 0,
+                     scored: dict | None = None) -> dict:
+    """Every member's final policy on the same episodes. The best is the best by the ranking metric, or with
+    ``final_episodes``, by the mean return of each final policy over that many other episodes (seeded
+    FINAL_SEED + i: the PBT sweeper's final selection, done here alike for every sweep). ``scored``: a result
+    of this function for the same members, whose scores are kept (only the best member is run again)."""
     from fiberrl.evaluate import evaluate
-    finals = [[r for r, _ in evaluate(folder, episodes=episodes, seed=EVAL_SEED, which="latest")]
-              for folder, _ in members]
-    best = max(range(len(members)), key=lambda i: members[i][1])
-    return {"best_dir": str(members[best][0]), "best_ranked_by": members[best][1],
+
+    def returns(folder: Path) -> list[float]:
+        return [r for r, _ in evaluate(folder, episodes=episodes, seed=EVAL_SEED, which="latest")]
+    if scored:
+        finals = [[mean] for mean in scored["members_final"]]
+    else:
+        finals = [returns(folder) for folder, _ in members]
+    by_ranking = max(range(len(members)), key=lambda i: members[i][1])
+    selection = {}
+    if final_episodes:
+        chosen = [statistics.mean(r for r, _ in evaluate(folder, episodes=final_episodes, seed=FINAL_SEED,
+                                                         which="latest")) for folder, _ in members]
+        selection = {"selection_episodes": final_episodes, "members_selection": chosen,
+                     "best_by_ranking": by_ranking, "best_by_ranking_final": statistics.mean(finals[by_ranking])}
+        # ties: the lower index, as the sweeper names them
+        best = min(range(len(members)), key=lambda i: (-chosen[i], i))
+    else:
+        best = by_ranking
+    if scored:
+        finals[best] = returns(members[best][0])
+    return {**selection, "best_member": best, "best_dir": str(members[best][0]), "best_ranked_by": members[best][1],
             "best_final": statistics.mean(finals[best]), "best_final_std": statistics.pstdev(finals[best]),
             "episodes": len(finals[best]), "population_final": statistics.mean(map(statistics.mean, finals)),
             "members_final": [statistics.mean(f) for f in finals],
@@ -150,6 +190,13 @@ def main() -> None:
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
     parser.add_argument("--ray-python", default=sys.executable)
+    parser.add_argument("--final-episodes", type=int, default=0,
+                        help="name each sweep's best member by this many episodes of every final policy (the PBT "
+                             "sweeper's hydra.sweeper.final_episodes; the same selection for the other sweeps); "
+                             "0: by the ranking metric")
+    parser.add_argument("--reselect", action="store_true",
+                        help="no sweep is run: the best member of each sweep in OUT/results.json whose folder is "
+                             "still there is named again by --final-episodes")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
@@ -160,6 +207,11 @@ def main() -> None:
     if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
         print(f"the Ray peer is skipped: {why}", flush=True)
         args.which = [k for k in args.which if k != "ray"]
+    if args.reselect:
+        reselect(results, args)
+        results_path.write_text(json.dumps(results, indent=1))
+        report(results, args)
+        return
     for seed in args.seeds:
         for kind in args.which:
             key = f"{kind}/seed{seed}"
@@ -167,13 +219,47 @@ def main() -> None:
                 continue
             print(f"{key}: running", flush=True)
             members, wall = kinds[kind](args, seed, args.out / kind / f"seed{seed}")
-            results[key] = dict(evaluate_members(members, args.eval_episodes), wall_s=wall)
+            results[key] = dict(evaluate_members(members, args.eval_episodes, args.final_episodes), wall_s=wall)
+            if kind.startswith("pbt") and args.final_episodes:
+                results[key]["sweeper_named"] = named_by_sweeper(args.out / kind / f"seed{seed}")
             results_path.write_text(json.dumps(results, indent=1))
             r = results[key]
             print(f"{key}: best {r['best_final']:.1f} over {r['episodes']} episodes, population "
                   f"{r['population_final']:.1f} (ranking metric {r['population_mean']:.1f}), {wall / 60:.1f} min",
                   flush=True)
     report(results, args)
+
+
+def named_by_sweeper(folder: Path) -> int | None:
+    """The member the PBT sweeper's final selection named: the best mean of its "final" records."""
+    events = [json.loads(line) for line in (folder / "pbt.jsonl").read_text().splitlines() if line.strip()]
+    finals = [(-e["mean"], e["member"]) for e in events if e["event"] == "final" and "mean" in e]
+    return min(finals)[1] if finals else None
+
+
+def reselect(results: dict, args) -> None:
+    """Each sweep of ``results`` whose members' folders are still there, its best named again by ``--final-episodes``
+    episodes of every final policy; its wall time and its members' scores kept."""
+    if not args.final_episodes:
+        raise SystemExit("--reselect names the best by --final-episodes episodes: give --final-episodes N")
+    readers = {"pbt": lambda f: pbt_members(f, args.population), "pbt-ttest": lambda f: pbt_members(f, args.population),
+               "independent": lambda f: independent_members(f, args.population),
+               "preset": lambda f: independent_members(f, args.population), "ray": ray_members}
+    for key, result in sorted(results.items()):
+        kind, seed = key.split("/")
+        try:
+            members = readers[kind](args.out / kind / seed)
+        except FileNotFoundError as exc:
+            print(f"{key}: left as it was, its folders are gone ({exc.filename})", flush=True)
+            continue
+        if any(not folder.is_dir() for folder, _ in members):
+            print(f"{key}: left as it was, a member's folder is gone", flush=True)
+            continue
+        results[key] = dict(evaluate_members(members, args.eval_episodes, args.final_episodes, scored=result),
+                            wall_s=result["wall_s"])
+        r = results[key]
+        print(f"{key}: best by the final selection member {r['best_member']} ({r['best_final']:.1f}), by the "
+              f"ranking member {r['best_by_ranking']} ({r['best_by_ranking_final']:.1f})", flush=True)
 
 
 def report(results: dict, args) -> None:
@@ -184,6 +270,12 @@ def report(results: dict, args) -> None:
         population = r.get("population_final", float("nan"))  # results written before every member was scored
         print(f"{key:<22}{r['best_final']:>14.1f}{population:>18.1f}{r['population_mean']:>16.1f}"
               f"{r['wall_s'] / 60:>12.1f}")
+    for key, r in sorted(results.items()):
+        if "members_selection" in r:
+            print(f"{key}: best named by {r['selection_episodes']} episodes of each final policy: member "
+                  f"{r['best_member']} ({r['best_final']:.1f}); by the ranking metric: member {r['best_by_ranking']} "
+                  f"({r['best_by_ranking_final']:.1f})" + (f"; the sweeper named member {r['sweeper_named']}"
+                                                           if "sweeper_named" in r else ""))
     for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest") for k in ("independent", "ray")]:
         pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]

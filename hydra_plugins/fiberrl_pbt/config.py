@@ -33,6 +33,11 @@ class PBTSweeperConf:
     sample_initial: bool = False      # members start at values sampled from the spaces, not the config's
     synchronous: bool = False         # generational: every member waits for the others at each interval
     seed: Optional[int] = None        # of PBT's own choices; None: the config's seed
+    # the final selection: once every member has finished, each one's final policy runs this many episodes
+    # (episode i reset with seed final_seed + i, the same for all) and the best mean return names the sweep's best
+    # member; 0: the best by the ranking metric, as it stood at the end
+    final_episodes: int = 0
+    final_seed: int = 1_000_000
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="pbt", node=PBTSweeperConf, provider="fiberrl")

@@ -52,10 +52,11 @@ class PBTSweeper(Sweeper):
     def __init__(self, population: int, interval: int, burn_in: int, metric: str, mode: str, window: int,
                  quantile: float, params: Any, resample_probability: float, perturb_factors: Any,
                  sample_initial: bool, synchronous: bool, seed: Optional[int], selection: str = "truncation",
-                 significance: float = 0.05) -> None:
+                 significance: float = 0.05, final_episodes: int = 0, final_seed: int = 1_000_000) -> None:
         self.population, self.interval, self.burn_in = population, interval, burn_in
         self.metric, self.mode, self.window, self.quantile = metric, mode, window, quantile
         self.selection, self.significance = selection, significance
+        self.final_episodes, self.final_seed = final_episodes, final_seed
         self.params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params or {})
         self.resample_probability, self.perturb_factors = resample_probability, list(perturb_factors)
         self.sample_initial, self.synchronous, self.seed = sample_initial, synchronous, seed
@@ -263,6 +264,9 @@ class PBTSweeper(Sweeper):
         if not record.tunable:
             raise PBTError(f"algo={record.name} declares no setting a resume may change, so PBT has nothing to "
                            f"mutate; it works with algo=ppo and algo=es")
+        if self.final_episodes and record.load_policy is None:
+            raise PBTError(f"hydra.sweeper.final_episodes={self.final_episodes}: algo={record.name} saves no policy "
+                           f"that can be run alone; set it to 0")
         specs = {**_flatten(self.params), **swept}
         self.defaults = not specs
         if self.defaults:
@@ -299,7 +303,9 @@ class PBTSweeper(Sweeper):
                ("mode", self.mode, self.mode in ("max", "min"), "max or min"),
                ("selection", self.selection, self.selection in ("truncation", "ttest"), "truncation or ttest"),
                ("significance", self.significance, 0 < self.significance < 1, "in (0, 1): the p-value below "
-                                                                               "which a t-test copies")]
+                                                                               "which a t-test copies"),
+               ("final_episodes", self.final_episodes, self.final_episodes >= 0,
+                "0 (name the best member by the ranking metric) or more episodes of each final policy")]
         for name, value, ok, rule in bad:
             if not ok:
                 raise PBTError(f"hydra.sweeper.{name}={value}: must be {rule}")
@@ -331,8 +337,10 @@ class PBTSweeper(Sweeper):
         return (f"pbt: {self.population} members, ready every {self.interval:,} env steps"
                 + (f" after {self.burn_in:,}" if self.burn_in else "") + f", {mode}; ranked by {self.metric} "
                 f"({self.mode}, mean of the last {self.window}), {chooses}; "
-                f"mutating {', '.join(m.describe() for m in self.mutations)}{usual}; "
-                f"lineage in {self.sweep_dir / LINEAGE}" + (" (resumed)" if resumed else ""))
+                f"mutating {', '.join(m.describe() for m in self.mutations)}{usual}"
+                + (f"; the best named by {self.final_episodes} episodes of each final policy"
+                   if self.final_episodes else "")
+                + f"; lineage in {self.sweep_dir / LINEAGE}" + (" (resumed)" if resumed else ""))
 
     # --- the lineage file -------------------------------------------------------------------------
     def _settings_record(self) -> dict:
@@ -530,7 +538,15 @@ class PBTSweeper(Sweeper):
                          f"{settings}")
         print("pbt: the members at the end:\n" + "\n".join(lines), flush=True)
         best = self.members[ranked[0]].current if ranked else None
-        if best is not None:
+        finals = self._final_selection() if self.final_episodes else {}
+        chosen = sorted((-e["mean"], index) for index, e in finals.items() if "mean" in e)
+        if chosen:
+            best = self.members[chosen[0][1]].current
+            final = finals[best.member]
+            print(f"pbt: best member {best.member}, {final['mean']:.2f} ± {final['std']:.2f} over its final "
+                  f"{self.final_episodes} episodes ({self.metric} {_score(best.score(self.window))}), in {best.folder}",
+                  flush=True)
+        elif best is not None:
             print(f"pbt: best member {best.member}, {self.metric} {_score(best.score(self.window))}, in {best.folder}",
                   flush=True)
             print(f"evaluate it: python -m fiberrl.evaluate {best.folder} --episodes 100 --checkpoint latest",
@@ -541,6 +557,44 @@ class PBTSweeper(Sweeper):
             print(f"{len(failed)} of {self.population} members failed", file=sys.stderr)
             raise SystemExit(1)
         return [best.folder] if best is not None else []
+
+
+    def _final_selection(self) -> dict:
+        """{member: its "final" record}: each finished member's final policy over ``final_episodes`` episodes,
+        episode i reset with seed ``final_seed + i``, in this process. Recorded in pbt.jsonl as it is measured, so a
+        sweep run again names the same best without running them again."""
+        from fiberrl.evaluate import RunError, evaluate
+        from fiberrl.rl.envs import UnknownEnvironment
+
+        recorded = {(e["member"], e["segment"]): e for e in _read_lineage(self.sweep_dir / LINEAGE)
+                    if e.get("event") == "final" and e.get("episodes") == self.final_episodes
+                    and e.get("seed") == self.final_seed}
+        finished = [m for m in self.members if m.finished]
+        if any((m.index, m.current.index) not in recorded for m in finished):
+            print(f"pbt: the final selection: each finished member's final policy over {self.final_episodes} episodes "
+                  f"(seeds {self.final_seed} to {self.final_seed + self.final_episodes - 1})", flush=True)
+        finals = {}
+        for member in finished:
+            segment = member.current
+            event = recorded.get((member.index, segment.index))
+            if event is None:
+                event = {"event": "final", "member": member.index, "segment": segment.index,
+                         "checkpoint": segment.checkpoint, "episodes": self.final_episodes, "seed": self.final_seed}
+                try:
+                    returns = np.array([r for r, _ in evaluate(segment.folder, self.final_episodes, self.final_seed,
+                                                               "latest")])
+                    event.update(mean=float(returns.mean()), std=float(returns.std()))
+                except (RunError, UnknownEnvironment) as exc:
+                    event["why"] = str(exc)
+                self._record(event)
+            if "why" in event:
+                print(f"pbt: member {member.index}'s final policy cannot be run ({event['why']}); it is left out of "
+                      f"the final selection", flush=True)
+            finals[member.index] = event
+        scored = [f"member {i} {e['mean']:.2f} ± {e['std']:.2f}" for i, e in finals.items() if "mean" in e]
+        if scored:
+            print(f"pbt: final policies over {self.final_episodes} episodes: {', '.join(scored)}", flush=True)
+        return finals
 
 
 def _unreadable(path: Path) -> str:
