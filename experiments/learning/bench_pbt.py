@@ -34,8 +34,9 @@ Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env step
 interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
 is the best by the ranking metric; N: the best mean return of each member's final policy over N other
 episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
-made here for the other sweeps), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders are
-still there get their best named again by --final-episodes).
+made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
+``algo.anneal_lr=false``: a constant learning rate), --reselect (no sweep runs: the sweeps in
+OUT/results.json whose folders are still there get their best named again by --final-episodes).
 """
 from __future__ import annotations
 
@@ -61,10 +62,10 @@ QUANTILE = 0.25
 POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
 
 
-def fixed(member_steps: int) -> list[str]:
+def fixed(args) -> list[str]:
     return ["+experiment=ppo_bipedal_walker", "algo.envs_per_worker=8", "algo.num_steps=512",
             "algo.num_minibatches=128", "algo.eval_every=4", "algo.eval_episodes=3", "algo.checkpoint_every=2",
-            f"algo.total_timesteps={member_steps}", "tensorboard=false"]
+            f"algo.total_timesteps={args.member_steps}", "tensorboard=false", *args.set]
 
 
 def poor() -> list[str]:
@@ -72,7 +73,7 @@ def poor() -> list[str]:
 
 
 def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tuple[list[tuple[Path, float]], float]:
-    command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args.member_steps), *poor(),
+    command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args), *poor(),
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
@@ -98,7 +99,7 @@ def pbt_members(folder: Path, population: int) -> list[tuple[Path, float]]:
 
 def run_independent(args, seed: int, folder: Path, start=poor) -> tuple[list[tuple[Path, float]], float]:
     seeds = ",".join(str(100 * seed + i) for i in range(args.population))
-    command = [sys.executable, "-m", "fiberrl", "-m", *fixed(args.member_steps), *start(), f"seed={seeds}",
+    command = [sys.executable, "-m", "fiberrl", "-m", *fixed(args), *start(), f"seed={seeds}",
                f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=member_${hydra.job.num}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
@@ -119,7 +120,7 @@ def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], fl
     command = [args.ray_python, str(Path(__file__).with_name("pbt_ray_peer.py")), "--out", str(folder),
                "--seed", str(seed), "--population", str(args.population), "--interval", str(args.interval),
                "--quantile", str(QUANTILE), "--window", str(WINDOW), "--burn-in", str(args.burn_in)]
-    command += [f"--set={o}" for o in fixed(args.member_steps)] + [f"--start={o}" for o in poor()]
+    command += [f"--set={o}" for o in fixed(args)] + [f"--start={o}" for o in poor()]
     wall = _timed(command, folder.parent / f"{folder.name}.log")
     return ray_members(folder), wall
 
@@ -194,6 +195,8 @@ def main() -> None:
                         help="name each sweep's best member by this many episodes of every final policy (the PBT "
                              "sweeper's hydra.sweeper.final_episodes; the same selection for the other sweeps); "
                              "0: by the ranking metric")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting added to every member of every sweep (algo.anneal_lr=false)")
     parser.add_argument("--reselect", action="store_true",
                         help="no sweep is run: the best member of each sweep in OUT/results.json whose folder is "
                              "still there is named again by --final-episodes")
