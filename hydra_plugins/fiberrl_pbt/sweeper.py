@@ -549,6 +549,7 @@ class PBTSweeper(Sweeper):
         elif best is not None:
             print(f"pbt: best member {best.member}, {self.metric} {_score(best.score(self.window))}, in {best.folder}",
                   flush=True)
+        if best is not None:
             print(f"evaluate it: python -m fiberrl.evaluate {best.folder} --episodes 100 --checkpoint latest",
                   flush=True)
         print(f"plot it:     python -m fiberrl.plot {self.sweep_dir} -o pbt.png", flush=True)
@@ -557,7 +558,6 @@ class PBTSweeper(Sweeper):
             print(f"{len(failed)} of {self.population} members failed", file=sys.stderr)
             raise SystemExit(1)
         return [best.folder] if best is not None else []
-
 
     def _final_selection(self) -> dict:
         """{member: its "final" record}: each finished member's final policy over ``final_episodes`` episodes,
