@@ -540,9 +540,12 @@ def test_members_are_jobs_of_a_cluster_backend(backend, tmp_path):
     sweep_dir = Path(ROOT) / "runs" / "test-sweeps" / f"pbt-{backend}-{os.getpid()}-{time.monotonic_ns()}"
     try:
         code, out, err = sweep([*ES, *SMALL_POPULATION, f"backend={backend}", f"hydra.sweep.dir={sweep_dir}",
+                                "hydra.sweeper.final_episodes=2",
                                 *[f"backend.settings.{k}={v!r}" for k, v in settings.items()]], timeout=900)
         assert code == 0, f"{out}\n{err}"
         assert all(f"  member {m}: finished" in out for m in range(3)), out
+        # the final selection runs the members' final policies here, from the folders their jobs wrote
+        assert sorted(e["member"] for e in lineage(sweep_dir, "final") if "mean" in e) == [0, 1, 2], out
         where = [json.loads((folder / ".hydra" / "job_where.json").read_text())
                  for folder in sweep_dir.glob("member_*/segment_*")]
         if backend == "docker":  # each in a container
