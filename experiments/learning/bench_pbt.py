@@ -207,14 +207,14 @@ def main() -> None:
     kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
              "independent": run_independent, "preset": functools.partial(run_independent, start=list),
              "ray": run_ray}
-    if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
-        print(f"the Ray peer is skipped: {why}", flush=True)
-        args.which = [k for k in args.which if k != "ray"]
     if args.reselect:
         reselect(results, args)
         results_path.write_text(json.dumps(results, indent=1))
         report(results, args)
         return
+    if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
+        print(f"the Ray peer is skipped: {why}", flush=True)
+        args.which = [k for k in args.which if k != "ray"]
     for seed in args.seeds:
         for kind in args.which:
             key = f"{kind}/seed{seed}"
