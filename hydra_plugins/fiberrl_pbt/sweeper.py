@@ -355,6 +355,7 @@ class PBTSweeper(Sweeper):
     def _replay(self) -> bool:
         """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
         self.members = [Member(i) for i in range(self.population)]
+        self.finals: dict = {}  # (member, segment, episodes, seed) -> its "final" record
         path = self.sweep_dir / LINEAGE
         events = _read_lineage(path)
         if not events:
@@ -378,6 +379,8 @@ class PBTSweeper(Sweeper):
             elif kind == "failed":
                 segment = self.members[event["member"]].segments[event["segment"]]
                 segment.state, segment.why = "failed", event["why"]
+            elif kind == "final":
+                self.finals[(event["member"], event["segment"], event["episodes"], event["seed"])] = event
         for member in self.members:  # a next segment begun but not recorded: its folder is begun again
             if member.segments:
                 following = self._folder(member.index, member.current.index + 1)
@@ -562,21 +565,21 @@ class PBTSweeper(Sweeper):
     def _final_selection(self) -> dict:
         """{member: its "final" record}: each finished member's final policy over ``final_episodes`` episodes,
         episode i reset with seed ``final_seed + i``, in this process. Recorded in pbt.jsonl as it is measured, so a
-        sweep run again names the same best without running them again."""
+        sweep run again names the same best without running them again (``_replay`` reads the records back)."""
         from fiberrl.evaluate import RunError, evaluate
         from fiberrl.rl.envs import UnknownEnvironment
 
-        recorded = {(e["member"], e["segment"]): e for e in _read_lineage(self.sweep_dir / LINEAGE)
-                    if e.get("event") == "final" and e.get("episodes") == self.final_episodes
-                    and e.get("seed") == self.final_seed}
+        def key(member: Member) -> tuple:
+            return member.index, member.current.index, self.final_episodes, self.final_seed
+
         finished = [m for m in self.members if m.finished]
-        if any((m.index, m.current.index) not in recorded for m in finished):
+        if any(key(m) not in self.finals for m in finished):
             print(f"pbt: the final selection: each finished member's final policy over {self.final_episodes} episodes "
                   f"(seeds {self.final_seed} to {self.final_seed + self.final_episodes - 1})", flush=True)
         finals = {}
         for member in finished:
             segment = member.current
-            event = recorded.get((member.index, segment.index))
+            event = self.finals.get(key(member))
             if event is None:
                 event = {"event": "final", "member": member.index, "segment": segment.index,
                          "checkpoint": segment.checkpoint, "episodes": self.final_episodes, "seed": self.final_seed}
@@ -587,6 +590,7 @@ class PBTSweeper(Sweeper):
                 except (RunError, UnknownEnvironment) as exc:
                     event["why"] = str(exc)
                 self._record(event)
+                self.finals[key(member)] = event
             if "why" in event:
                 print(f"pbt: member {member.index}'s final policy cannot be run ({event['why']}); it is left out of "
                       f"the final selection", flush=True)
