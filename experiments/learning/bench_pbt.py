@@ -18,8 +18,10 @@ action) every 4 updates and checkpointed every 2 (what a PBT member copies of a 
 members are ranked by the mean of their last 3 evaluations.  All members of a sweep run at the same
 time.  Per sweep: every member's final policy over ``--eval-episodes`` episodes (episode i reset with
 seed 10,000 + i, the same episodes for all): the best member's (the best by that ranking) and the
-population's mean; the population's mean of the ranking metric at the end; the sweep's wall time.
-Sweeps run one after another, seed by seed, in the order pbt, independent, ray; a sweep whose result
+population's mean; the population's mean of the ranking metric at the end; the sweep's wall time
+(with --final-episodes, up to its named best: the PBT sweeper's holds its own final selection, the
+others' the same selection made here). Sweeps run one after another, seed by seed, in the order
+--which gives (pbt, independent, ray unless told); a sweep whose result
 is in OUT/results.json is kept, a fiberrl sweep cut short is resumed by its own command, a Ray sweep
 cut short starts again.
 
@@ -35,7 +37,8 @@ interpreter; without Ray the peer is skipped with the reason), --final-episodes 
 is the best by the ranking metric; N: the best mean return of each member's final policy over N other
 episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
 made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
-``algo.anneal_lr=false``: a constant learning rate), --reselect (no sweep runs: the sweeps in
+``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start in
+place of the one above, for every sweep), --reselect (no sweep runs: the sweeps in
 OUT/results.json whose folders are still there get their best named again by --final-episodes).
 """
 from __future__ import annotations
@@ -70,6 +73,18 @@ def fixed(args) -> list[str]:
 
 def poor() -> list[str]:
     return [f"{key}={value}" for key, value in POOR.items()]
+
+
+def set_poor(starts: list[str]) -> None:
+    """``--start KEY=VALUE``: a mutated setting's poor start, in place of the one above, for every sweep."""
+    for start in starts:
+        key, _, value = start.partition("=")
+        try:
+            if key not in POOR:
+                raise ValueError
+            POOR[key] = float(value)
+        except ValueError:
+            raise SystemExit(f"--start {start}: give one of {', '.join(POOR)} as KEY=NUMBER") from None
 
 
 def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tuple[list[tuple[Path, float]], float]:
@@ -160,9 +175,11 @@ def evaluate_members(members: list[tuple[Path, float]], episodes: int, final_epi
     by_ranking = max(range(len(members)), key=lambda i: members[i][1])
     selection = {}
     if final_episodes:
+        began = time.perf_counter()
         chosen = [statistics.mean(r for r, _ in evaluate(folder, episodes=final_episodes, seed=FINAL_SEED,
                                                          which="latest")) for folder, _ in members]
         selection = {"selection_episodes": final_episodes, "members_selection": chosen,
+                     "selection_s": time.perf_counter() - began,
                      "best_by_ranking": by_ranking, "best_by_ranking_final": statistics.mean(finals[by_ranking])}
         # ties: the lower index, as the sweeper names them
         best = min(range(len(members)), key=lambda i: (-chosen[i], i))
@@ -197,10 +214,14 @@ def main() -> None:
                              "0: by the ranking metric")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting added to every member of every sweep (algo.anneal_lr=false)")
+    parser.add_argument("--start", action="append", default=[], metavar="KEY=VALUE",
+                        help="a mutated setting's poor start for every sweep, in place of the default above "
+                             "(algo.learning_rate=1e-2)")
     parser.add_argument("--reselect", action="store_true",
                         help="no sweep is run: the best member of each sweep in OUT/results.json whose folder is "
                              "still there is named again by --final-episodes")
     args = parser.parse_args()
+    set_poor(args.start)
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
@@ -222,7 +243,11 @@ def main() -> None:
                 continue
             print(f"{key}: running", flush=True)
             members, wall = kinds[kind](args, seed, args.out / kind / f"seed{seed}")
-            results[key] = dict(evaluate_members(members, args.eval_episodes, args.final_episodes), wall_s=wall)
+            result = evaluate_members(members, args.eval_episodes, args.final_episodes)
+            if args.final_episodes and not kind.startswith("pbt"):
+                # the PBT sweeper's wall time holds its own final selection: the others' hold the same made here
+                wall += result["selection_s"]
+            results[key] = dict(result, wall_s=wall)
             if kind.startswith("pbt") and args.final_episodes:
                 results[key]["sweeper_named"] = named_by_sweeper(args.out / kind / f"seed{seed}")
             results_path.write_text(json.dumps(results, indent=1))
@@ -267,7 +292,7 @@ def reselect(results: dict, args) -> None:
 
 def report(results: dict, args) -> None:
     print(f"\nPPO on BipedalWalker-v3, {args.population} members x {args.member_steps:,} env steps, from poor "
-          f"starting values; each member's final policy over {args.eval_episodes} episodes")
+          f"starting values ({', '.join(poor())}); each member's final policy over {args.eval_episodes} episodes")
     print(f"{'sweep':<22}{'best member':>14}{'population mean':>18}{'ranking metric':>16}{'wall (min)':>12}")
     for key, r in sorted(results.items()):
         population = r.get("population_final", float("nan"))  # results written before every member was scored
