@@ -80,11 +80,12 @@ def set_poor(starts: list[str]) -> None:
     for start in starts:
         key, _, value = start.partition("=")
         try:
-            if key not in POOR:
-                raise ValueError
-            POOR[key] = float(value)
+            number = float(value)
         except ValueError:
-            raise SystemExit(f"--start {start}: give one of {', '.join(POOR)} as KEY=NUMBER") from None
+            number = None
+        if key not in POOR or number is None:
+            raise SystemExit(f"--start {start}: give one of {', '.join(POOR)} as KEY=NUMBER")
+        POOR[key] = number
 
 
 def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tuple[list[tuple[Path, float]], float]:
