@@ -224,6 +224,78 @@ def test_a_member_that_has_finished_is_not_copied_for_it_leaves_no_steps_to_expl
         assert went_on.start_timesteps == (200 if copies else 100)
 
 
+def test_ranking_at_ready_points_copies_a_donor_only_from_where_it_ranked_on_top(tmp_path):
+    """``ranking=ready``, Ray Tune's rules: members are ranked as they stood at their own last ready points, and
+    a bottom member copies a top one only from a ready point at which that one ranked in the top quantile. In
+    seed 0 of the constant-rate bench, members in step ranked as they are now copied over the late starter, last
+    by 0.6 at the first ready point; ranked this way, the first of them to be ready is ranked alone and keeps no
+    checkpoint for others to take."""
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+
+    def segment(sweep_dir: Path, member: int, index: int, timesteps: int, value: float) -> Segment:
+        folder = sweep_dir / f"member_{member}/segment_{index:03d}"
+        path = folder / "checkpoints" / f"{timesteps:06d}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_npz(path, {"theta": np.full(3, float(member))}, {"timesteps": timesteps, "format": 2})
+        (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "timesteps": timesteps, "eval_reward": value})
+                                              + "\n")
+        return Segment(member, index, member + 10 * index, folder, member, {}, timesteps, values=[value],
+                       checkpoint=str(path.relative_to(sweep_dir)), timesteps=timesteps, paused=True, state="ended")
+
+    def runs_on(sweep_dir: Path, ready: Segment, value: float, ranked_top: bool = False) -> Segment:
+        """On since its ready point, with a newer checkpoint and a better value than it had there."""
+        newer = segment(sweep_dir, ready.member, ready.index + 1, ready.timesteps + 50, value)
+        newer.state, newer.start_timesteps, newer.start_from = "running", ready.timesteps, ready.checkpoint
+        newer.ranked_top = ranked_top
+        return newer
+
+    def population(ranking: str):
+        """Member 0 ready first at the burn-in (100) at -5 and running on, member 1 ready now at -10, members 2
+        and 3 still in their first segments, ahead of both as they are now."""
+        sweep_dir = tmp_path / ranking
+        sweeper, launched = deciding_sweeper(sweep_dir, window=1, population=4, ranking=ranking)
+        sweeper.quantile, sweeper.burn_in = 0.25, 100
+        first = segment(sweep_dir, 0, 0, 100, -5.0)
+        sweeper.members = [Member(0, [first, runs_on(sweep_dir, first, 40.0)]),
+                           Member(1, [segment(sweep_dir, 1, 0, 100, -10.0)])]
+        for member, value in [(2, 50.0), (3, 60.0)]:
+            started = segment(sweep_dir, member, 0, 60, value)
+            started.state = "running"
+            sweeper.members.append(Member(member, [started]))
+        return sweep_dir, sweeper, launched
+
+    # as they are now, member 1 is the bottom of four and copies member 3's newest checkpoint
+    sweep_dir, sweeper, launched = population("now")
+    sweeper._go_on(sweeper.members[1])
+    assert launched[-1].start_from.startswith("member_3/segment_000/")
+    # at their ready points only members 0 and 1 are ranked: member 1 is the bottom, but member 0 ranked alone at
+    # its own and kept no checkpoint, so the exploit is skipped and member 1 goes on from its own
+    sweep_dir, sweeper, launched = population("ready")
+    sweeper._go_on(sweeper.members[1])
+    assert not lineage(sweep_dir, "exploit")
+    assert launched[-1].start_from == sweeper.members[1].segments[0].checkpoint and not launched[-1].ranked_top
+    assert lineage(sweep_dir, "segment")[-1]["ranked_top"] is False
+    # member 3 is ready at 100 with 30, the best at the ready points: it keeps that point's checkpoint
+    member_3 = sweeper.members[3]
+    member_3.segments = [segment(sweep_dir, 3, 0, 100, 30.0)]
+    sweeper._go_on(member_3)
+    assert launched[-1].ranked_top and lineage(sweep_dir, "segment")[-1]["ranked_top"] is True
+    # and runs on from it; member 2, ready at 100 with -20, the bottom of four, copies member 3 from that ready
+    # point's checkpoint, not the newer one its running segment has written, and runs to the donor's next
+    member_3.segments[-1] = runs_on(sweep_dir, member_3.segments[0], 99.0, ranked_top=True)
+    sweeper.members[2].segments = [segment(sweep_dir, 2, 0, 100, -20.0)]
+    sweeper._go_on(sweeper.members[2])
+    exploit = lineage(sweep_dir, "exploit")[-1]
+    assert (exploit["from"], exploit["to"], exploit["from_score"]) == (3, 2, 30.0)
+    assert launched[-1].start_from == "member_3/segment_000/checkpoints/000100.npz"
+    assert launched[-1].until == 200 and not launched[-1].ranked_top
+    # a copy ranks at its own score there until its next ready point (Ray Tune keeps a trial's last score), and
+    # that old checkpoint is not one to copy
+    standing = sweeper.members[2].ready_standing(1, 100)
+    assert standing.score == -20.0 and not standing.kept
+
+
 def test_ttest_selection_copies_only_a_member_whose_values_are_significantly_better():
     """Jaderberg et al.'s t-test selection: another member drawn at random is copied when Welch's t-test on the
     two members' last values finds it better; a difference as large but as noisy as BipedalWalker's 3-episode
@@ -434,11 +506,10 @@ def kill_a_running_member(sweep_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("selection", ["truncation", "ttest"])
-def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_killed(tmp_path, selection):
+@pytest.mark.parametrize("choice", ["selection=truncation", "selection=ttest", "ranking=ready"])
+def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_killed(tmp_path, choice):
     sweep_dir = tmp_path / "sweep"
-    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}", "algo.iterations=8",
-            f"hydra.sweeper.selection={selection}"]
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}", "algo.iterations=8", f"hydra.sweeper.{choice}"]
     proc = sweep(args, wait=False)
     # a member's job is killed: the launcher starts it again from its own checkpoint
     assert wait_until(lambda: (sweep_dir / "pbt.jsonl").exists() and len(lineage(sweep_dir, "ended")) >= 2, 120)
@@ -462,6 +533,14 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
         indices = sorted(i for m, i in segments if m == member)
         assert indices == list(range(len(indices)))
     assert all(f"  member {m}: finished" in out for m in range(3)), out
+    if choice == "ranking=ready":  # each copy is of a ready point where its donor ranked on top, across the resume
+        assert "copied only from one where it ranked on top (Ray Tune's rules)" in out.splitlines()[0]
+        records, exploits = [e for e in events if e["event"] == "segment"], [e for e in events if e["event"] == "exploit"]
+        assert exploits, "no member copied another"
+        for exploit in exploits:
+            ready = next(e for e in events if e["event"] == "ended" and e["checkpoint"] == exploit["checkpoint"])
+            went_on = next(e for e in records if (e["member"], e["segment"]) == (ready["member"], ready["segment"] + 1))
+            assert went_on["ranked_top"] and ready["member"] == exploit["from"]
 
 
 @pytest.mark.slow
@@ -505,6 +584,8 @@ def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
     (["hydra.sweeper.selection=ttest", "hydra.sweeper.window=1"],
      "hydra.sweeper.window=1: selection=ttest compares two members' last `window` values with Welch's t-test"),
     (["hydra.sweeper.final_episodes=-1"], "hydra.sweeper.final_episodes=-1: must be 0 (name the best member by"),
+    (["hydra.sweeper.ranking=later"], "hydra.sweeper.ranking=later: must be now (the others as they are now) or "
+                                      "ready"),
     (["algo.sigma=interval(0.5,0.1)"], "algo.sigma=interval(0.5,0.1): an empty range"),
     (["algo.sigma=interval(-1,0.1)"], "reaches algo.sigma=-1.0, which no run takes"),
     (["algo.noise_size=interval(1,2)"], "algo.noise_size is not a setting algo=es lets a resume change"),

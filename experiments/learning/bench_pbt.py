@@ -4,6 +4,8 @@
 
 - (a) ``pbt``: fiberrl's ``hydra/sweeper=pbt`` mutating PPO's usual set (those four settings); ``pbt-ttest``:
   the same with Jaderberg et al.'s t-test selection (``hydra.sweeper.selection=ttest``) in place of truncation;
+  ``pbt-ready``: truncation with each member ranked as it stood at its own last ready point and copied only from
+  one where it ranked on top (``hydra.sweeper.ranking=ready``, Ray Tune's rules);
 - (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
   ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
@@ -32,7 +34,7 @@ cut short starts again.
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray; or pbt-ttest, preset), --eval-episodes (100), --ray-python (default: this
+--which (pbt independent ray; or pbt-ttest, pbt-ready, preset), --eval-episodes (100), --ray-python (default: this
 interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
 is the best by the ranking metric; N: the best mean return of each member's final policy over N other
 episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
@@ -88,12 +90,14 @@ def set_poor(starts: list[str]) -> None:
         POOR[key] = number
 
 
-def run_pbt(args, seed: int, folder: Path, selection: str = "truncation") -> tuple[list[tuple[Path, float]], float]:
+def run_pbt(args, seed: int, folder: Path, selection: str = "truncation",
+            ranking: str = "now") -> tuple[list[tuple[Path, float]], float]:
     command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args), *poor(),
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
                f"hydra.sweeper.burn_in={args.burn_in}", f"hydra.sweeper.selection={selection}",
+               f"hydra.sweeper.ranking={ranking}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     if args.final_episodes:
         command += [f"hydra.sweeper.final_episodes={args.final_episodes}", f"hydra.sweeper.final_seed={FINAL_SEED}"]
@@ -204,7 +208,7 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "pbt-ttest", "independent", "preset", "ray"])
+                        choices=["pbt", "pbt-ttest", "pbt-ready", "independent", "preset", "ray"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
@@ -227,6 +231,7 @@ def main() -> None:
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
+             "pbt-ready": functools.partial(run_pbt, ranking="ready"),
              "independent": run_independent, "preset": functools.partial(run_independent, start=list),
              "ray": run_ray}
     if args.reselect:
@@ -271,7 +276,7 @@ def reselect(results: dict, args) -> None:
     episodes of every final policy; its wall time and its members' scores kept."""
     if not args.final_episodes:
         raise SystemExit("--reselect names the best by --final-episodes episodes: give --final-episodes N")
-    readers = {"pbt": lambda f: pbt_members(f, args.population), "pbt-ttest": lambda f: pbt_members(f, args.population),
+    readers = {**{kind: lambda f: pbt_members(f, args.population) for kind in ("pbt", "pbt-ttest", "pbt-ready")},
                "independent": lambda f: independent_members(f, args.population),
                "preset": lambda f: independent_members(f, args.population), "ray": ray_members}
     for key, result in sorted(results.items()):
@@ -305,7 +310,7 @@ def report(results: dict, args) -> None:
                   f"{r['best_member']} ({r['best_final']:.1f}); by the ranking metric: member {r['best_by_ranking']} "
                   f"({r['best_by_ranking_final']:.1f})" + (f"; the sweeper named member {r['sweeper_named']}"
                                                            if "sweeper_named" in r else ""))
-    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest") for k in ("independent", "ray")]:
+    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready") for k in ("independent", "ray")]:
         pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]
         if pairs:

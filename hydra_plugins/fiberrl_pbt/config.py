@@ -22,6 +22,11 @@ class PBTSweeperConf:
     # on their last `window` values says that member is better at `significance`
     selection: str = "truncation"
     quantile: float = 0.25
+    # whom a ready member is ranked against: "now", the others as they are now (their latest values, their newest
+    # checkpoints: Jaderberg et al.'s); "ready", each as it stood at its own last ready point past the burn-in, a top
+    # member copied only from a ready point at which it ranked in the top quantile, else the exploit skipped (Ray
+    # Tune's rules)
+    ranking: str = "now"
     significance: float = 0.05
     # the mutations, as Hydra's sweepers take their search spaces: setting -> a space in sweep syntax
     # ("tag(log, interval(1e-5, 1e-2))", "choice(0.9, 0.95)", "range(1, 11)") or {space: ..., resample: p,

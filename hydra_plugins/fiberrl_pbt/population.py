@@ -30,6 +30,9 @@ class Segment:
     # member to the bottom, and that one's copy the next: one lucky evaluation took a whole population in a
     # round, a member copying the copy of its own older checkpoint on the way
     stands_at: Optional[float] = None
+    # (ranking=ready) its member ranked in the top quantile at the ready point it began from, so that point's
+    # checkpoint is one a member may copy until the next: Ray Tune's PBT keeps a checkpoint of a top trial only
+    ranked_top: bool = False
     # once it has ended:
     state: str = "running"           # running, ended, failed
     timesteps: Optional[int] = None
@@ -66,6 +69,7 @@ class Standing:
     seed: int
     history: list                    # the metric's last values up to that checkpoint
     timesteps: int
+    kept: bool = True                # (ranking=ready) it ranked on top there: a member in the bottom may copy it
 
 
 @dataclass
@@ -104,6 +108,19 @@ class Member:
         return Standing(segment.ranked_at(window), segment.start_from, segment.settings, segment.seed,
                         segment.carried[-window:], segment.start_timesteps)
 
+    def ready_standing(self, window: int, burn_in: int) -> Optional[Standing]:
+        """Ray Tune's view of it: where it stood at its last ready point past ``burn_in`` (its score there, its
+        checkpoint there), even while it runs on since, or from a copy; None before such a point, and once it
+        has finished or failed."""
+        segment = self.current
+        if segment.state == "failed" or self.finished:
+            return None
+        ready = segment if segment.state == "ended" else self.segments[-2] if len(self.segments) > 1 else None
+        if ready is None or not ready.paused or ready.timesteps < burn_in:
+            return None
+        return Standing(ready.score(window), ready.checkpoint, ready.settings, ready.seed, ready.history(window),
+                        ready.timesteps, kept=segment.state == "ended" or segment.ranked_top)
+
 
 def ranking(standings: dict[int, Standing], maximize: bool) -> list[int]:
     """The members with a score, best first (ties: the lower index first)."""
@@ -121,7 +138,8 @@ def choose_donor(member: int, standings: dict[int, Standing], maximize: bool, qu
                  must: bool = False, passed_over: frozenset = frozenset()) -> Optional[int]:
     """The top-quantile member that ``member`` copies when it ranks in the bottom quantile (or ``must``: its
     own checkpoint is damaged; then the best it can); None: it goes on from its own. Members in
-    ``passed_over`` and those with nothing to copy are not chosen."""
+    ``passed_over`` and those with nothing to copy are not chosen; nor, unless ``must``, one drawn whose
+    checkpoint is not ``kept``: then it goes on from its own, as Ray Tune skips the exploit."""
     ranked = ranking(standings, maximize)
     size = quantile_size(len(ranked), quantile)
     copyable = [i for i in ranked if i != member and i not in passed_over and standings[i].checkpoint is not None]
@@ -130,7 +148,10 @@ def choose_donor(member: int, standings: dict[int, Standing], maximize: bool, qu
         top = top or copyable[:1]
     elif member not in ranked[len(ranked) - size:] or not size:
         return None
-    return top[int(rng.integers(len(top)))] if top else None
+    if not top:
+        return None
+    donor = top[int(rng.integers(len(top)))]
+    return donor if must or standings[donor].kept else None
 
 
 def choose_donor_by_ttest(member: int, standings: dict[int, Standing], maximize: bool, significance: float, rng,

@@ -5,7 +5,9 @@
 the others as they are now, it goes on from its own checkpoint, or, in the bottom ``quantile``, from a copy of
 a top-quantile member's newest (weights, optimizer, normalisers, env states, counters: what an exact resume
 restores) with that member's settings explored (perturbed or resampled). With ``selection=ttest`` it copies
-instead another member drawn at random whose last values Welch's t-test finds better than its own. Each
+instead another member drawn at random whose last values Welch's t-test finds better than its own. With
+``ranking=ready`` each member is ranked as it stood at its own last ready point, and copied only from one at
+which it ranked on top (Ray Tune's rules). Each
 stretch a member runs between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``)
 in ``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
 
@@ -38,7 +40,7 @@ from fiberrl.run import CHECKPOINT, DamagedFile, atomic_write, load_npz, metrics
 
 from ..fiberrl_launcher.launcher import FiberrlLauncher, SweepError
 from .mutations import Mutation, MutationError, parse
-from .population import Member, Segment, choose_donor, choose_donor_by_ttest, ranking
+from .population import Member, Segment, choose_donor, choose_donor_by_ttest, quantile_size, ranking
 
 log = logging.getLogger(__name__)
 LINEAGE = "pbt.jsonl"
@@ -52,10 +54,11 @@ class PBTSweeper(Sweeper):
     def __init__(self, population: int, interval: int, burn_in: int, metric: str, mode: str, window: int,
                  quantile: float, params: Any, resample_probability: float, perturb_factors: Any,
                  sample_initial: bool, synchronous: bool, seed: Optional[int], selection: str = "truncation",
-                 significance: float = 0.05, final_episodes: int = 0, final_seed: int = 1_000_000) -> None:
+                 significance: float = 0.05, final_episodes: int = 0, final_seed: int = 1_000_000,
+                 ranking: str = "now") -> None:
         self.population, self.interval, self.burn_in = population, interval, burn_in
         self.metric, self.mode, self.window, self.quantile = metric, mode, window, quantile
-        self.selection, self.significance = selection, significance
+        self.selection, self.significance, self.ranking = selection, significance, ranking
         self.final_episodes, self.final_seed = final_episodes, final_seed
         self.params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params or {})
         self.resample_probability, self.perturb_factors = resample_probability, list(perturb_factors)
@@ -101,7 +104,9 @@ class PBTSweeper(Sweeper):
         while True:
             if self.synchronous and not self._pending:
                 waiting = [m for m in self.members if m.current.state == "ended" and m.current.paused]
-                generation = self._standings()  # its decisions all rank the generation as it ended
+                # its decisions all rank the generation as it ended: every member at this ready point, whichever
+                # the ranking
+                generation = self._standings("now")
                 for member in waiting:  # in member order, each from its own generator: reproducible
                     self._go_on(member, generation)
             if not self._pending and not self.launcher.busy():
@@ -157,9 +162,9 @@ class PBTSweeper(Sweeper):
         current = member.current
         rng = self._rng(member.index, current.index + 1)
         damaged = self._damage(current)
-        if standings is None:
-            standings = self._standings()
-        standings = {**standings, member.index: member.standing(self.window)}  # with its checkpoint's state
+        if standings is None:  # a damaged member takes the best copy there is now, past a ready point or not
+            standings = self._standings("now" if damaged else None)
+        standings = {**standings, member.index: member.standing(self.window) if damaged else self._standing(member)}
         donor, passed_over = None, set()
         if not damaged:
             # a member copies only a point past where its own segment began: each exploit moves it forward, so
@@ -169,7 +174,11 @@ class PBTSweeper(Sweeper):
             # would only stand in the population as a second copy of it (Ray Tune's PBT drops finished trials too)
             passed_over |= {m.index for m in self.members if m.finished}
         folder = self._folder(member.index, current.index + 1)
-        p_value = None
+        p_value, ranked_top = None, False
+        if self.ranking == "ready" and self.selection == "truncation" and not damaged:
+            # Ray Tune keeps a checkpoint of a member that ranks on top at its ready point, and of no other
+            ranked = ranking(standings, self.mode == "max")
+            ranked_top = member.index in ranked[:quantile_size(len(ranked), self.quantile)]
         if damaged or current.timesteps >= self.burn_in:
             while True:  # a donor whose checkpoint is damaged is passed over
                 if self.selection == "ttest" and not damaged:
@@ -199,7 +208,8 @@ class PBTSweeper(Sweeper):
             self._record({"event": "failed", "member": member.index, "segment": current.index, "why": current.why})
             print(f"pbt: member {member.index} stops: {current.why}", flush=True)
             return
-        source = standings[donor] if donor is not None else standings[member.index]
+        source = standings[donor] if donor is not None else member.standing(self.window)
+        ranked_top = ranked_top and donor is None  # a copy's checkpoint there is the donor's, not one it kept
         settings = dict(source.settings)
         events = []
         if donor is not None:
@@ -218,7 +228,7 @@ class PBTSweeper(Sweeper):
         segment = Segment(member.index, current.index + 1, self._job(), folder, source.seed, settings,
                           until=source.timesteps + self.interval, start_from=source.checkpoint,
                           start_timesteps=source.timesteps, carried=list(source.history),
-                          stands_at=current.score(self.window) if donor is not None else None)
+                          stands_at=current.score(self.window) if donor is not None else None, ranked_top=ranked_top)
         if donor is None:
             self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
         member.segments.append(segment)
@@ -233,9 +243,11 @@ class PBTSweeper(Sweeper):
             return source.score
         return sum(source.history) / len(source.history)
 
-    def _standings(self) -> dict:
+    def _standings(self, ranking: Optional[str] = None) -> dict:
         """Every member's standing now: a running segment's metric as it has logged it so far, and its newest
-        checkpoint."""
+        checkpoint; with ``ranking=ready``, where each stood at its own last ready point past the burn-in."""
+        if (ranking or self.ranking) == "ready":
+            return {member.index: self._standing(member) for member in self.members if member.segments}
         for member in self.members:
             if member.segments and member.current.state == "running":
                 segment = member.current
@@ -243,6 +255,11 @@ class PBTSweeper(Sweeper):
                 segment.values = [value for _, value in segment.logged]
                 segment.newest = self._newest_checkpoint(segment)
         return {member.index: member.standing(self.window) for member in self.members if member.segments}
+
+    def _standing(self, member: Member):
+        if self.ranking == "ready":
+            return member.ready_standing(self.window, self.burn_in)
+        return member.standing(self.window)
 
     # --- before anything starts ------------------------------------------------------------------
     def _prepare(self, arguments: list[str]) -> None:
@@ -302,6 +319,8 @@ class PBTSweeper(Sweeper):
                                                                      "must not overlap"),
                ("mode", self.mode, self.mode in ("max", "min"), "max or min"),
                ("selection", self.selection, self.selection in ("truncation", "ttest"), "truncation or ttest"),
+               ("ranking", self.ranking, self.ranking in ("now", "ready"), "now (the others as they are now) or "
+                                                                           "ready (as at their own ready points)"),
                ("significance", self.significance, 0 < self.significance < 1, "in (0, 1): the p-value below "
                                                                                "which a t-test copies"),
                ("final_episodes", self.final_episodes, self.final_episodes >= 0,
@@ -334,6 +353,10 @@ class PBTSweeper(Sweeper):
                        f"{self.window} values says it is better (p < {self.significance:g})")
         else:
             chooses = f"bottom {self.quantile:g} copies top {self.quantile:g}"
+        if self.ranking == "ready":
+            chooses += (", each member ranked as it stood at its own last ready point"
+                        + (" and copied only from one where it ranked on top (Ray Tune's rules)"
+                           if self.selection == "truncation" else ""))
         return (f"pbt: {self.population} members, ready every {self.interval:,} env steps"
                 + (f" after {self.burn_in:,}" if self.burn_in else "") + f", {mode}; ranked by {self.metric} "
                 f"({self.mode}, mean of the last {self.window}), {chooses}; "
@@ -350,7 +373,8 @@ class PBTSweeper(Sweeper):
                 "mutations": [m.describe() for m in self.mutations], "fixed": self.fixed,
                 # only when not the default, so that a sweep begun before t-test selection existed resumes
                 **({"selection": self.selection, "significance": self.significance}
-                   if self.selection != "truncation" else {})}
+                   if self.selection != "truncation" else {}),
+                **({"ranking": self.ranking} if self.ranking != "now" else {})}
 
     def _replay(self) -> bool:
         """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
@@ -369,7 +393,8 @@ class PBTSweeper(Sweeper):
             if kind == "segment":
                 segment = Segment(event["member"], event["segment"], event["job"], self.sweep_dir / event["folder"],
                                   event["seed"], event["settings"], event["until"], event["start_from"],
-                                  event.get("start_timesteps", 0), event["carried"], event.get("stands_at"))
+                                  event.get("start_timesteps", 0), event["carried"], event.get("stands_at"),
+                                  ranked_top=event.get("ranked_top", False))
                 self.members[segment.member].segments.append(segment)
                 self._next_job = max(self._next_job, segment.job + 1)
             elif kind == "ended":
@@ -402,7 +427,8 @@ class PBTSweeper(Sweeper):
                 "folder": str(segment.folder.relative_to(self.sweep_dir)), "seed": segment.seed,
                 "settings": segment.settings, "until": segment.until, "start_from": segment.start_from,
                 "start_timesteps": segment.start_timesteps, "carried": segment.carried,
-                "stands_at": segment.stands_at, "time": time.time()}
+                "stands_at": segment.stands_at, "time": time.time(),
+                **({"ranked_top": segment.ranked_top} if self.ranking == "ready" else {})}
 
     # --- a segment's files -----------------------------------------------------------------------
     def _metric_values(self, folder: Path) -> list[float]:
