@@ -247,7 +247,8 @@ class PBTSweeper(Sweeper):
         """Every member's standing now: a running segment's metric as it has logged it so far, and its newest
         checkpoint; with ``ranking=ready``, where each stood at its own last ready point past the burn-in."""
         if (ranking or self.ranking) == "ready":
-            return {member.index: self._standing(member) for member in self.members if member.segments}
+            return {member.index: member.ready_standing(self.window, self.burn_in)
+                    for member in self.members if member.segments}
         for member in self.members:
             if member.segments and member.current.state == "running":
                 segment = member.current
