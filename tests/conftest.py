@@ -45,6 +45,20 @@ def hand_out_gpus(monkeypatch, visible: str) -> None:
 
 
 @pytest.fixture
+def fork_server_deaths_forgotten(monkeypatch):
+    """The local fork server's deaths counted from none, and none resting it, for this test; what the
+    backend had counted before comes back after (a test that kills the server would otherwise leave
+    the next tests' jobs fresh interpreters, or count against a test that kills it later)."""
+    from collections import deque
+
+    from fiberrl.runtime.backends import get_backend, local
+    backend = get_backend("local")
+    monkeypatch.setattr(backend, "_fork_server_deaths", deque(maxlen=local.FORK_SERVER_DEATHS))
+    monkeypatch.setattr(backend, "_fork_server_rests_until", 0.0)
+    return backend
+
+
+@pytest.fixture
 def script_env():
     """Environment for running a script in a fresh interpreter that imports fiberrl."""
     env = dict(os.environ)

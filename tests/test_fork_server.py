@@ -138,6 +138,34 @@ def test_a_fork_server_that_dies_as_it_starts_leaves_its_job_to_a_fresh_interpre
     assert run_report(q)[1] != os.getpid()  # forked from a server that started
 
 
+def pool_workers() -> list:
+    return [p for p in mp.active_children() if p.name.startswith("PoolWorker") and pid_alive(p.pid)]
+
+
+def test_a_fork_server_that_keeps_dying_rests_while_jobs_start_as_fresh_interpreters(
+        caplog, fork_server_deaths_forgotten):
+    """Each death of the server takes every job it forked: killed every 0.25 s, it took a pool's
+    workers each time before they finished a task, and a map of 500 went on for 300 s.  Five deaths
+    within a minute rest it for a minute, its jobs fresh interpreters; after that it starts again."""
+    from fiberrl.runtime.backends import local
+    with mp.Pool(2) as pool:
+        for death in range(local.FORK_SERVER_DEATHS):
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+            workers = pool_workers()
+            servers = {parent_of(w.pid) for w in workers} - {os.getpid()}
+            assert servers, f"no worker forked from a server before its death {death + 1}"
+            for server in servers:
+                os.kill(server, signal.SIGKILL)
+            assert wait_until(lambda: not any(pid_alive(w.pid) for w in workers), 30), "jobs outlived their server"
+        assert pool.map(abs, range(-20, 0)) == list(range(20, 0, -1))
+        assert wait_until(lambda: len(pool_workers()) == 2, 30)
+        assert {parent_of(w.pid) for w in pool_workers()} == {os.getpid()}, "forked from a server at rest"
+    assert f"the local fork server died {local.FORK_SERVER_DEATHS} times within 60 s" in caplog.text
+    assert fork_server_deaths_forgotten._fork_server_rests_until > time.monotonic()
+    fork_server_deaths_forgotten._fork_server_rests_until = time.monotonic()  # as a minute later
+    assert run_report(mp.Queue())[1] != os.getpid(), "the server did not start again after its rest"
+
+
 MAIN_SCRIPT = '''
 import os, sys
 with open(os.environ["IMPORTS_LOG"], "a") as log:  # every import of this module, by which process

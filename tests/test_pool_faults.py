@@ -101,6 +101,7 @@ def map_under_storm(pick_victims, tries: int, tasks: int = 3000):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds descendants through /proc")
+@pytest.mark.usefixtures("fork_server_deaths_forgotten")
 def test_a_map_survives_a_random_descendant_killed_every_250ms():
     """Any process under the parent: pool workers, the fork server (whose jobs die with it),
     the resource tracker.  A task is charged only for a death while it ran, so none fails."""
@@ -109,10 +110,12 @@ def test_a_map_survives_a_random_descendant_killed_every_250ms():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds descendants through /proc")
+@pytest.mark.usefixtures("fork_server_deaths_forgotten")
 def test_workers_killed_with_their_fork_server_every_250ms_cost_no_task_and_no_pool():
     """Every worker dies at each kill, often just after starting: neither the tasks they ran
     nor the deaths before asking for work count against the pool (this failed every map
-    with WorkerLostError or 'keep dying before taking any task')."""
+    with WorkerLostError or 'keep dying before taking any task').  Where the workers could not
+    finish a task between kills the map went on for 300 s; the server rests after five deaths."""
     def fork_servers(found):
         return [pid for pid, (parent, command) in found.items() if "fork_server" in command and parent == os.getpid()]
     # a map goes on only between kills, as the server and its workers start again: fewer tasks

@@ -1,14 +1,16 @@
 """Local backend: each job is a child OS process on this machine."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 
 from .base import CHILD_COMMAND, Backend, Job, JobSpec, JobStatus
 
@@ -16,6 +18,11 @@ from .base import CHILD_COMMAND, Backend, Job, JobSpec, JobStatus
 # layer installs its fork server (runtime/processes/fork_server.py) here, the backend knows only that
 # it has start(env, cwd), alive, owner_pid, python_path and close()
 _fork_server_type = None
+# a fork server's death takes every job it forked with it: one killed this often (a kill storm, an
+# out-of-memory killer that keeps picking it) would take a pool's workers each time before they finish
+# a task, so past it jobs start as fresh interpreters, which outlive any of it, for as long again
+FORK_SERVER_DEATHS, FORK_SERVER_DEATHS_WITHIN_S = 5, 60.0
+log = logging.getLogger("fiberrl")
 
 
 def install_fork_server(server_type) -> None:
@@ -46,6 +53,8 @@ class LocalBackend(Backend):
         self._gpu_load: Counter = Counter()
         self._lock = threading.Lock()
         self._fork_server = None
+        self._fork_server_deaths: deque[float] = deque(maxlen=FORK_SERVER_DEATHS)
+        self._fork_server_rests_until = 0.0
 
     def listen_host(self) -> str:
         return "127.0.0.1"
@@ -90,11 +99,15 @@ class LocalBackend(Backend):
             return None
         with self._lock:
             server = self._fork_server
+            if server is not None and not server.alive and server.owner_pid == os.getpid():
+                self._fork_server_died()
+            if time.monotonic() < self._fork_server_rests_until:
+                return None
             if server is None or not server.alive or server.owner_pid != os.getpid():
                 try:
                     self._fork_server = _fork_server_type()
                 except OSError:  # it died as it started: this job is a fresh interpreter, the next tries again
-                    self._fork_server = None
+                    self._fork_server_died()
                     return None
             server = self._fork_server
         if env.get("PYTHONPATH", "") != server.python_path:
@@ -103,6 +116,20 @@ class LocalBackend(Backend):
             return server.start(env, cwd)
         except OSError:
             return None
+
+    def _fork_server_died(self) -> None:
+        """Count a death of this process's fork server (the lock held); past the limit, rest it."""
+        self._fork_server = None
+        now = time.monotonic()
+        self._fork_server_deaths.append(now)
+        if len(self._fork_server_deaths) == FORK_SERVER_DEATHS \
+                and now - self._fork_server_deaths[0] <= FORK_SERVER_DEATHS_WITHIN_S:
+            self._fork_server_deaths.clear()
+            self._fork_server_rests_until = now + FORK_SERVER_DEATHS_WITHIN_S
+            log.warning("the local fork server died %d times within %.0f s, each time with every job it had "
+                        "forked: local jobs start as fresh interpreters for the next %.0f s (slower to start, "
+                        "but none dies with another)", FORK_SERVER_DEATHS, FORK_SERVER_DEATHS_WITHIN_S,
+                        FORK_SERVER_DEATHS_WITHIN_S)
 
     def cleanup(self, owner: str) -> None:
         # at exit, after this process stopped its children: the fork server goes too
