@@ -12,7 +12,8 @@ from conftest import pid_alive, wait_until
 from fiberrl.runtime.config import reset
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")]
+              pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only"),
+              pytest.mark.usefixtures("fork_server_deaths_forgotten")]  # the tests here kill it or need it
 
 
 @pytest.fixture(autouse=True)
