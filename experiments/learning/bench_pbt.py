@@ -253,7 +253,7 @@ def main() -> None:
             if args.final_episodes and not kind.startswith("pbt"):
                 # the PBT sweeper's wall time holds its own final selection: the others' hold the same made here
                 wall += result["selection_s"]
-            results[key] = dict(result, wall_s=wall)
+            results[key] = dict(result, wall_s=wall, conditions=conditions(args))
             if kind.startswith("pbt") and args.final_episodes:
                 results[key]["sweeper_named"] = named_by_sweeper(args.out / kind / f"seed{seed}")
             results_path.write_text(json.dumps(results, indent=1))
@@ -262,6 +262,16 @@ def main() -> None:
                   f"{r['population_final']:.1f} (ranking metric {r['population_mean']:.1f}), {wall / 60:.1f} min",
                   flush=True)
     report(results, args)
+
+
+def conditions(args) -> dict:
+    """What a sweep ran under: runs repeat exactly on one machine, not across machines (the same member's
+    first evaluations differ), so only sweeps of the same machine and settings compare."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
+    return {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "population": args.population,
+            "member_steps": args.member_steps, "interval": args.interval, "burn_in": args.burn_in,
+            "final_episodes": args.final_episodes, "set": args.set, "start": poor()}
 
 
 def named_by_sweeper(folder: Path) -> int | None:
