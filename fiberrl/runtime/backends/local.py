@@ -19,8 +19,8 @@ from .base import CHILD_COMMAND, Backend, Job, JobSpec, JobStatus
 # it has start(env, cwd), alive, owner_pid, python_path and close()
 _fork_server_type = None
 # a fork server's death takes every job it forked with it: one killed this often (a kill storm, an
-# out-of-memory killer that keeps picking it) would take a pool's workers each time before they finish
-# a task, so past it jobs start as fresh interpreters, which outlive any of it, for as long again
+# out-of-memory killer that keeps picking it) can take a pool's workers each time before they finish
+# a task, so past it jobs start as fresh interpreters, which die alone, for as long again
 FORK_SERVER_DEATHS, FORK_SERVER_DEATHS_WITHIN_S = 5, 60.0
 log = logging.getLogger("fiberrl")
 
