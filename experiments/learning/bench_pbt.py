@@ -25,7 +25,9 @@ population's mean; the population's mean of the ranking metric at the end; the s
 others' the same selection made here). Sweeps run one after another, seed by seed, in the order
 --which gives (pbt, independent, ray unless told); a sweep whose result
 is in OUT/results.json is kept, a fiberrl sweep cut short is resumed by its own command, a Ray sweep
-cut short starts again.
+cut short starts again.  Each result records its ``conditions`` (date, CPU, budget, --set, starting
+values): one member's runs repeat to the last digit on one machine, not on another, so only sweeps run
+on the same machine compare (use a fresh --out on a new machine).
 
     python experiments/learning/bench_pbt.py --out experiments/results/pbt_bipedal/<date> \\
         --ray-python /tmp/venv-ray/bin/python
