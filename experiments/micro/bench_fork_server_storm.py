@@ -23,6 +23,7 @@ import fiberrl.runtime as mp
 from fiberrl.runtime.backends import get_backend, local
 
 WORKERS = 4
+DEATHS = local.FORK_SERVER_DEATHS  # the backend's limit, before a pass without the rest moves it
 
 
 def nap(x):
@@ -64,7 +65,7 @@ def full_fork_servers() -> list[int]:
 
 def one_pass(tasks: int, limit: float, rest: bool) -> tuple[float | None, int, int, int]:
     backend = get_backend("local")
-    local.FORK_SERVER_DEATHS = 5 if rest else 10**9
+    local.FORK_SERVER_DEATHS = DEATHS if rest else 10**9
     backend._fork_server_deaths = deque(maxlen=local.FORK_SERVER_DEATHS)
     backend._fork_server_rests_until = 0.0
     stop, kills = threading.Event(), []
