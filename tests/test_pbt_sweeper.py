@@ -296,6 +296,61 @@ def test_ranking_at_ready_points_copies_a_donor_only_from_where_it_ranked_on_top
     assert standing.score == -20.0 and not standing.kept
 
 
+def test_ranking_at_ready_points_lets_the_member_ready_first_copy_the_point_its_own_segment_began_at(tmp_path):
+    """Seed 2 of the constant-rate bench under Ray's rules: member 2 walked worst, so its evaluation episodes
+    ended soonest and it was ready first at every point past the burn-in, when the others still stood at the
+    ready point its own segment had begun at. Kept from copying a point not past its own start, it went on from
+    its own checkpoint at 409,600 steps, the bottom of four, as member 0 did at 737,280: no exploit in 737,280
+    steps. Ray Tune copies a top member's kept checkpoint wherever it stands, the copy running those env steps
+    again; so does ``ranking=ready``. Ranked as they are now, the guard holds: each exploit moves a member
+    forward."""
+    from fiberrl.run import save_npz
+    from hydra_plugins.fiberrl_pbt.population import Member, Segment
+
+    def ended(sweep_dir: Path, member: int, index: int, value: float) -> Segment:
+        folder = sweep_dir / f"member_{member}/segment_{index:03d}"
+        timesteps = 100 * (index + 1)
+        path = folder / "checkpoints" / f"{timesteps:06d}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_npz(path, {"theta": np.full(3, float(member))}, {"timesteps": timesteps, "format": 2})
+        (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "timesteps": timesteps, "eval_reward": value})
+                                              + "\n")
+        previous = f"member_{member}/segment_{index - 1:03d}/checkpoints/{timesteps - 100:06d}.npz" if index else None
+        return Segment(member, index, member + 10 * index, folder, member, {}, timesteps, start_from=previous,
+                       start_timesteps=timesteps - 100, values=[value], checkpoint=str(path.relative_to(sweep_dir)),
+                       timesteps=timesteps, paused=True, state="ended")
+
+    def population(ranking: str):
+        """Members 0, 1 and 3 ranked at 100 (3 on top, so it kept that point) and running on from it; member 2,
+        which began its second segment at 100 too, ready first at 200 and still the worst."""
+        sweep_dir = tmp_path / ranking
+        sweeper, launched = deciding_sweeper(sweep_dir, window=1, population=4, ranking=ranking)
+        sweeper.quantile, sweeper.burn_in = 0.25, 100
+        sweeper.members = []
+        for member, value in enumerate([-60.0, -40.0, -90.0, 20.0]):
+            first = ended(sweep_dir, member, 0, value)
+            if member == 2:
+                sweeper.members.append(Member(2, [first, ended(sweep_dir, 2, 1, -120.0)]))
+                continue
+            on = Segment(member, 1, member + 10, sweep_dir / f"member_{member}/segment_001", member, {}, 200,
+                         start_from=first.checkpoint, start_timesteps=100, ranked_top=member == 3)
+            sweeper.members.append(Member(member, [first, on]))
+        return sweep_dir, sweeper, launched
+
+    sweep_dir, sweeper, launched = population("ready")
+    sweeper._go_on(sweeper.members[2])
+    exploit = lineage(sweep_dir, "exploit")[-1]
+    assert (exploit["from"], exploit["to"], exploit["from_timesteps"], exploit["timesteps"]) == (3, 2, 100, 200)
+    assert launched[-1].start_from == "member_3/segment_000/checkpoints/000100.npz"
+    assert launched[-1].start_timesteps == 100 and launched[-1].until == 200
+
+    # ranked as they are now, the others' checkpoints stand where member 2's segment began: it goes on alone
+    sweep_dir, sweeper, launched = population("now")
+    sweeper._go_on(sweeper.members[2])
+    assert not lineage(sweep_dir, "exploit")
+    assert launched[-1].start_from == "member_2/segment_001/checkpoints/000200.npz"
+
+
 def test_ttest_selection_copies_only_a_member_whose_values_are_significantly_better():
     """Jaderberg et al.'s t-test selection: another member drawn at random is copied when Welch's t-test on the
     two members' last values finds it better; a difference as large but as noisy as BipedalWalker's 3-episode

@@ -166,16 +166,23 @@ class PBTSweeper(Sweeper):
             standings = self._standings("now" if damaged else None)
         standings = {**standings, member.index: member.standing(self.window) if damaged else self._standing(member)}
         donor, passed_over = None, set()
+        rays_rules = self.ranking == "ready" and self.selection == "truncation"
         if not damaged:
-            # a member copies only a point past where its own segment began: each exploit moves it forward, so
-            # two members cannot copy each other's last ready points back and forth for ever
-            passed_over = {i for i, s in standings.items() if s is not None and s.timesteps <= current.start_timesteps}
-            # nor a member that has finished: its last checkpoint leaves the copy no env steps to explore in, and
-            # would only stand in the population as a second copy of it (Ray Tune's PBT drops finished trials too)
-            passed_over |= {m.index for m in self.members if m.finished}
+            # a member that has finished is not copied: its last checkpoint leaves the copy no env steps to explore
+            # in, and would only stand in the population as a second copy of it (Ray Tune's PBT drops them too)
+            passed_over = {m.index for m in self.members if m.finished}
+            if not rays_rules:
+                # a member copies only a point past where its own segment began: each exploit moves it forward,
+                # so two members cannot copy each other's last ready points back and forth for ever. Under Ray's
+                # rules they cannot anyway (a point is copied only where its member ranked on top and went on
+                # from it, and a copy keeps none until it ranks on top at a ready point of its own); there the
+                # guard would keep the member that is ready first, often the worst, since its evaluation
+                # episodes end soonest, from ever copying the others' ready points: its own segment began there
+                passed_over |= {i for i, s in standings.items()
+                                if s is not None and s.timesteps <= current.start_timesteps}
         folder = self._folder(member.index, current.index + 1)
         p_value, ranked_top = None, False
-        if self.ranking == "ready" and self.selection == "truncation" and not damaged:
+        if rays_rules and not damaged:
             # Ray Tune keeps a checkpoint of a member that ranks on top at its ready point, and of no other
             ranked = ranking(standings, self.mode == "max")
             ranked_top = member.index in ranked[:quantile_size(len(ranked), self.quantile)]
