@@ -3,6 +3,7 @@ and PPO populations (generational ones reproduced, asynchronous ones resumed aft
 a member's job killed, a checkpoint damaged), its lineage and plot, and each bad input in one line."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -596,6 +597,36 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
             ready = next(e for e in events if e["event"] == "ended" and e["checkpoint"] == exploit["checkpoint"])
             went_on = next(e for e in records if (e["member"], e["segment"]) == (ready["member"], ready["segment"] + 1))
             assert went_on["ranked_top"] and ready["member"] == exploit["from"]
+
+
+@pytest.mark.slow
+def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_they_ended(tmp_path):
+    """A sweep stopped while its members' jobs went on finds them done when run again. Taken in member order,
+    the first member would decide against the others as they stood at their own ends, later than its own;
+    an asynchronous sweep takes each where it stood when it ended, so it decides as it would have done."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}"]
+    code, _, err = sweep(args)
+    assert code == 0, err
+    # the sweep as it stands when it is stopped once every first segment has begun and none is taken as ended;
+    # their jobs end while it is stopped, member 0 last and member 2 first
+    events = lineage(sweep_dir)
+    begun = [i for i, e in enumerate(events) if e["event"] == "segment" and e["segment"] == 0]
+    assert len(begun) == 3 and not any(e["event"] == "ended" for e in events[:begun[-1]])
+    kept = events[:begun[-1] + 1]
+    (sweep_dir / "pbt.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    for member in range(3):
+        for later in sorted((sweep_dir / f"member_{member}").glob("segment_*"))[1:]:
+            shutil.rmtree(later)
+        ended_at = 1_700_000_000 + 10 * (2 - member)
+        os.utime(sweep_dir / f"member_{member}/segment_000/.hydra/job_return.pickle", (ended_at, ended_at))
+
+    code, out, err = sweep(args)
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("(resumed)")
+    taken = [e["member"] for e in lineage(sweep_dir)[len(kept):] if e["event"] == "ended"]
+    assert taken[:3] == [2, 1, 0], taken
+    assert all(f"  member {m}: finished" in out for m in range(3)), out
 
 
 @pytest.mark.slow

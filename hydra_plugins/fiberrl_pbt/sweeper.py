@@ -39,6 +39,7 @@ from fiberrl.algorithm import LOOP_METRICS, algorithm
 from fiberrl.run import CHECKPOINT, DamagedFile, atomic_write, load_npz, metrics_row, upgrade_checkpoint
 
 from ..fiberrl_launcher.launcher import FiberrlLauncher, SweepError
+from ..fiberrl_launcher.run_in_job import RETURN_FILE
 from .mutations import Mutation, MutationError, parse
 from .population import Member, Segment, choose_donor, choose_donor_by_ttest, quantile_size, ranking
 
@@ -86,15 +87,20 @@ class PBTSweeper(Sweeper):
         self._started = time.time()
         self._pending: dict[Any, Segment] = {}
         try:
+            done_while_stopped = []
             for member in self.members:
                 if not member.segments:
                     self._begin(member)
                 elif member.current.state == "running":
-                    self._launch(member.current)
+                    self._launch(member.current, done_while_stopped)
             if not self.synchronous:
                 for member in self.members:  # ready before the sweep was stopped, not yet decided on
                     if member.current.state == "ended" and member.current.paused:
                         self._go_on(member)
+            # ended while the sweep was stopped: taken in the order their jobs ended, not in member order, so that
+            # (ranked at ready points) each makes the decision it would have made with the sweep running
+            for segment, run in sorted(done_while_stopped, key=lambda pair: (_ended_at(pair[1]), pair[0].member)):
+                self._ended(segment, run)
             self._run()
         finally:
             self.launcher.close()
@@ -123,14 +129,18 @@ class PBTSweeper(Sweeper):
         self._record({"event": "segment", **self._segment_record(segment)})
         self._launch(segment)
 
-    def _launch(self, segment: Segment) -> None:
+    def _launch(self, segment: Segment, done_while_stopped: Optional[list] = None) -> None:
+        """Start ``segment``'s job. One the sweep ran before it was stopped is taken as ended now, or, given
+        ``done_while_stopped``, put there as (segment, run) for the caller to take in the order they ended."""
         overrides = self.fixed + [f"seed={segment.seed}"] + [f"{k}={_value(v)}" for k, v in segment.settings.items()]
         overrides.append(f"until_timesteps={segment.until}")
         label = f"member {segment.member}: " + " ".join(f"{k.split('.')[-1]}={_value(v)}"
                                                          for k, v in segment.settings.items())
         run = self.launcher.plan(segment.job, overrides, label, subdir=str(segment.folder.relative_to(self.sweep_dir)))
         self.launcher.submit(run)
-        if run.state == "done":  # the sweep ran it before it was stopped
+        if run.state == "done" and done_while_stopped is not None:
+            done_while_stopped.append((segment, run))
+        elif run.state == "done":  # the sweep ran it before it was stopped
             self._ended(segment, run)
         else:
             self._pending[id(run)] = segment
@@ -642,6 +652,14 @@ def _unreadable(path: Path) -> str:
         return ""
     except (DamagedFile, OSError) as exc:
         return str(exc)
+
+
+def _ended_at(run) -> int:
+    """When ``run``'s job ended: the time its return file was written (0 if it cannot be read)."""
+    try:
+        return (run.folder / RETURN_FILE).stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _read_lineage(path: Path) -> list[dict]:
