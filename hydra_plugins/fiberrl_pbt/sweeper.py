@@ -98,7 +98,7 @@ class PBTSweeper(Sweeper):
                     if member.current.state == "ended" and member.current.paused:
                         self._go_on(member)
             # ended while the sweep was stopped: taken in the order their jobs ended, not in member order, so that
-            # (ranked at ready points) each makes the decision it would have made with the sweep running
+            # (ranked at ready points) each is ranked as the sweep running would have ranked it when it ended
             for segment, run in sorted(done_while_stopped, key=lambda pair: (_ended_at(pair[1]), pair[0].member)):
                 self._ended(segment, run)
             self._run()
