@@ -14,6 +14,7 @@ import pytest
 from conftest import PYTHON, ROOT, wait_until
 from helpers.script_runs import run_sweep
 from helpers.small_runs import SMALL_PPO, small_es
+from hydra_plugins.fiberrl_launcher.run_in_job import RETURN_FILE
 
 # this file's own seed and noise table size (helpers/small_runs.py)
 ES = ["-m", "fiberrl", "-m", "hydra/sweeper=pbt", "algo=es", *small_es(43, 250_043), "algo.iterations=6",
@@ -601,9 +602,9 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
 
 @pytest.mark.slow
 def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_they_ended(tmp_path):
-    """A sweep stopped while its members' jobs went on finds them done when run again. Taken in member order,
-    the first member would decide against the others as they stood at their own ends, later than its own;
-    an asynchronous sweep takes each where it stood when it ended, so it decides as it would have done."""
+    """A sweep stopped while its members' jobs went on finds them done when run again. It takes them in the
+    order their jobs ended, as it would have running, not in member order: the one that ended first decides
+    first."""
     sweep_dir = tmp_path / "sweep"
     args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}"]
     code, _, err = sweep(args)
@@ -619,7 +620,7 @@ def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_
         for later in sorted((sweep_dir / f"member_{member}").glob("segment_*"))[1:]:
             shutil.rmtree(later)
         ended_at = 1_700_000_000 + 10 * (2 - member)
-        os.utime(sweep_dir / f"member_{member}/segment_000/.hydra/job_return.pickle", (ended_at, ended_at))
+        os.utime(sweep_dir / f"member_{member}/segment_000" / RETURN_FILE, (ended_at, ended_at))
 
     code, out, err = sweep(args)
     assert code == 0, err
