@@ -22,7 +22,7 @@ ALGORITHMS = {"es": "fiberrl.algos.es", "ppo": "fiberrl.algos.ppo", "poet": "fib
 # top-level settings that do not change what a run computes, unless an algorithm says otherwise
 RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard", "until_timesteps"})
 # what every algorithm's metrics.jsonl rows hold (fiberrl.training.TrainingLoop.end)
-LOOP_METRICS = frozenset({"iteration", "timesteps", "eval_reward", "time_s", "iteration_s"})
+LOOP_METRICS = frozenset({"iteration", "timesteps", "eval_reward", "time_s", "iteration_s", "wall_time"})
 
 
 @dataclass(frozen=True)

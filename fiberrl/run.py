@@ -262,8 +262,8 @@ class RunDirectory:
         if self._tensorboard:
             writer = self._tensorboard_writer(metrics["iteration"])
             step = metrics.get("timesteps", metrics["iteration"])
-            for key, value in metrics.items():
-                if key not in ("iteration", "timesteps") and _scalar(value):
+            for key, value in metrics.items():  # an event holds its own wall time
+                if key not in ("iteration", "timesteps", "wall_time") and _scalar(value):
                     writer.add_scalar(key, value, global_step=step)
             writer.flush()
         if line is not None:

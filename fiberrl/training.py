@@ -9,7 +9,9 @@ POET each keep only what is their own::
             break
 
 ``end`` logs the iteration under the names every algorithm shares
-(``iteration``, ``timesteps``, ``time_s``, ``iteration_s``, ``eval_reward``),
+(``iteration``, ``timesteps``, ``time_s``, ``iteration_s``, ``eval_reward``,
+and ``wall_time``: when the row was logged, in seconds since the epoch, so a
+reader can tell where several runs each stood at one moment),
 saves the best policy when ``eval_reward`` beats it, checkpoints every
 ``algo.checkpoint_every`` iterations, at the last one and when the run stops,
 calls ``on_iteration`` and says whether to stop: ``algo.stop_reward`` reached,
@@ -104,7 +106,7 @@ class TrainingLoop:
         algorithm's own end)."""
         now = time.perf_counter()
         metrics = {"iteration": iteration, "timesteps": self.timesteps, **metrics, "eval_reward": eval_reward,
-                   "time_s": now - self._began, "iteration_s": now - self._t0}
+                   "time_s": now - self._began, "iteration_s": now - self._t0, "wall_time": time.time()}
         self.done, self.eval_reward = iteration + 1, eval_reward
         if eval_reward is not None and eval_reward > self.best:
             self.best = eval_reward

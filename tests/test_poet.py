@@ -137,7 +137,7 @@ def _metrics(path):
 
 
 def _strip(metrics):
-    timing = {"time_s", "iteration_s", "utilisation", "pool_utilisation"}
+    timing = {"time_s", "wall_time", "iteration_s", "utilisation", "pool_utilisation"}
     return [{k: v for k, v in m.items() if k not in timing} for m in metrics]
 
 

@@ -30,8 +30,8 @@ POET = ["algo=poet", "workers=1", "tensorboard=false", "algo.es.population=4", "
         f"algo.es.noise_size={NOISE_SIZE}", f"seed={SEED}", "algo.reproduce_every=2", "algo.children=2",
         "algo.max_admitted=1", "algo.reproduce_threshold=-1000", "algo.mc_low=-1000", "algo.mc_high=1000",
         "algo.checkpoint_every=1"]
-TIMING = {"time_s", "iteration_s", "master_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-          "rollout_inference_s", "charts/SPS", "utilisation", "pool_utilisation"}
+TIMING = {"time_s", "wall_time", "iteration_s", "master_s", "rollout_s", "update_s", "rollout_wait_s",
+          "rollout_collect_s", "rollout_inference_s", "charts/SPS", "utilisation", "pool_utilisation"}
 
 
 class Stop(Exception):

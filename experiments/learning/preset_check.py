@@ -26,10 +26,10 @@ RUNS = {
     "ppo_cartpole": ["+experiment=ppo_cartpole", "seed=0", "algo.total_timesteps=80000"],
     "poet_small": ["+experiment=poet_small", "workers=2", "seed=1", "algo.iterations=13"],
 }
-# what depends on the machine's load, not on what the run computes; global_step: PPO's name for timesteps
+# what depends on the machine's load or clock, not on what the run computes; global_step: PPO's name for timesteps
 # before the algorithms shared their metric names
-TIMING = {"time_s", "iteration_s", "master_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
-          "rollout_inference_s", "charts/SPS", "utilisation", "pool_utilisation", "global_step"}
+TIMING = {"time_s", "wall_time", "iteration_s", "master_s", "rollout_s", "update_s", "rollout_wait_s",
+          "rollout_collect_s", "rollout_inference_s", "charts/SPS", "utilisation", "pool_utilisation", "global_step"}
 
 
 def run_all(out: Path, repo: Path) -> None:

@@ -171,7 +171,8 @@ def faults(args) -> None:
 
 def metrics_without_timing(run: Path) -> list[dict]:
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in m.items() if not k.endswith("_s") and "utilisation" not in k} for m in lines]
+    return [{k: v for k, v in m.items() if not k.endswith("_s") and k != "wall_time"
+             and "utilisation" not in k} for m in lines]
 
 
 def gaps_between_runs(folder: Path) -> list[float]:

@@ -10,8 +10,8 @@ from fiberrl.app import run
 from fiberrl.app_config import compose
 
 FAST = ["algo=ppo", "tensorboard=false", "algo.eval_every=0"]
-# what depends on the machine's load, not on what the run computes
-TIMING = ("time_s", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
+# what depends on the machine's load or clock, not on what the run computes
+TIMING = ("time_s", "wall_time", "iteration_s", "rollout_s", "update_s", "rollout_wait_s", "rollout_collect_s",
           "rollout_inference_s", "charts/SPS")
 
 
