@@ -69,7 +69,8 @@ def test_a_paused_run_goes_on_as_if_never_paused_and_a_resume_may_retune_only_wh
     assert out.returncode == 0 and "paused at" in out.stdout, out.stderr
     assert len((paused / "metrics.jsonl").read_text().splitlines()) < 4
     assert run(f"resume={paused}").returncode == 0
-    rows = lambda d: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}  # noqa: E731
+    rows = lambda d: [{k: v for k, v in json.loads(x).items()  # noqa: E731
+                       if not k.endswith("_s") and k != "wall_time"}
                       for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows(paused) == rows(whole)
 
@@ -600,17 +601,12 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
             assert went_on["ranked_top"] and ready["member"] == exploit["from"]
 
 
-@pytest.mark.slow
-def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_they_ended(tmp_path):
-    """A sweep stopped while its members' jobs went on finds them done when run again. It takes them in the
-    order their jobs ended, as it would have running, not in member order: the one that ended first decides
-    first."""
-    sweep_dir = tmp_path / "sweep"
-    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}"]
+def _stopped_once_every_first_segment_began(args, sweep_dir) -> list[dict]:
+    """Run the sweep of ``args``, then leave it as it stands when it is stopped once every member's first segment
+    has begun and none is taken as ended, their jobs done: the lineage cut there (returned) and the later
+    segments' folders gone."""
     code, _, err = sweep(args)
     assert code == 0, err
-    # the sweep as it stands when it is stopped once every first segment has begun and none is taken as ended;
-    # their jobs end while it is stopped, member 0 last and member 2 first
     events = lineage(sweep_dir)
     begun = [i for i, e in enumerate(events) if e["event"] == "segment" and e["segment"] == 0]
     assert len(begun) == 3 and not any(e["event"] == "ended" for e in events[:begun[-1]])
@@ -619,6 +615,18 @@ def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_
     for member in range(3):
         for later in sorted((sweep_dir / f"member_{member}").glob("segment_*"))[1:]:
             shutil.rmtree(later)
+    return kept
+
+
+@pytest.mark.slow
+def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_they_ended(tmp_path):
+    """A sweep stopped while its members' jobs went on finds them done when run again. It takes them in the
+    order their jobs ended, as it would have running, not in member order: the one that ended first decides
+    first."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}"]
+    kept = _stopped_once_every_first_segment_began(args, sweep_dir)
+    for member in range(3):  # their jobs end while it is stopped, member 0 last and member 2 first
         ended_at = 1_700_000_000 + 10 * (2 - member)
         os.utime(sweep_dir / f"member_{member}/segment_000" / RETURN_FILE, (ended_at, ended_at))
 
@@ -628,6 +636,46 @@ def test_segments_that_ended_while_the_sweep_was_stopped_are_taken_in_the_order_
     taken = [e["member"] for e in lineage(sweep_dir)[len(kept):] if e["event"] == "ended"]
     assert taken[:3] == [2, 1, 0], taken
     assert all(f"  member {m}: finished" in out for m in range(3)), out
+
+
+@pytest.mark.slow
+def test_a_member_that_ended_while_the_sweep_was_stopped_is_ranked_against_the_others_as_they_stood_then(tmp_path):
+    """Run again, a sweep ranks a member whose job ended while it was stopped against the others as they stood
+    when that job ended: the rows they had logged by then (each row's wall_time) and the checkpoints they had
+    written by then, not what they logged and wrote after."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*ES, *SMALL_POPULATION, f"hydra.sweep.dir={sweep_dir}"]
+    kept = _stopped_once_every_first_segment_began(args, sweep_dir)
+    # member 2's job ended first, at `ended`, the worst; by then members 0 and 1 had logged all but their last
+    # row, member 1 ahead; member 0's last row, logged after, would put it far ahead
+    ended = 1_700_000_000
+    scores = {0: 10.0, 1: 20.0, 2: 0.0}
+    copied_at = {}
+    for member in range(3):
+        folder = sweep_dir / f"member_{member}" / "segment_000"
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) >= 2, rows
+        for k, row in enumerate(rows):
+            after = member < 2 and k == len(rows) - 1
+            row["wall_time"] = ended + 5 if after else ended - 10 + k
+            row["eval_reward"] = 1000.0 if after and member == 0 else scores[member]
+            checkpoint = folder / "checkpoints" / f"{row['iteration']:06d}.npz"
+            if checkpoint.exists():
+                os.utime(checkpoint, (row["wall_time"], row["wall_time"]))
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        copied_at[member] = rows[-2]
+        return_at = ended if member == 2 else ended + 20 - 10 * member
+        os.utime(folder / RETURN_FILE, (return_at, return_at))
+
+    code, out, err = sweep(args)
+    assert code == 0, err
+    resumed = lineage(sweep_dir)[len(kept):]
+    assert [e["member"] for e in resumed if e["event"] == "ended"][:3] == [2, 1, 0]
+    exploit = next(e for e in resumed if e["event"] == "exploit")
+    assert (exploit["to"], exploit["from"]) == (2, 1), exploit
+    assert exploit["from_score"] == pytest.approx(20.0)
+    assert exploit["from_timesteps"] == copied_at[1]["timesteps"]
+    assert Path(exploit["checkpoint"]).name == f"{copied_at[1]['iteration']:06d}.npz"
 
 
 @pytest.mark.slow

@@ -97,10 +97,10 @@ class PBTSweeper(Sweeper):
                 for member in self.members:  # ready before the sweep was stopped, not yet decided on
                     if member.current.state == "ended" and member.current.paused:
                         self._go_on(member)
-            # ended while the sweep was stopped: taken in the order their jobs ended, not in member order, so that
-            # (ranked at ready points) each is ranked as the sweep running would have ranked it when it ended
-            for segment, run in sorted(done_while_stopped, key=lambda pair: (_ended_at(pair[1]), pair[0].member)):
-                self._ended(segment, run)
+            # ended while the sweep was stopped: taken in the order their jobs ended, not in member order, each
+            # ranked against the others as they stood when its job ended, as the sweep running would have ranked it
+            for segment, run in sorted(done_while_stopped, key=lambda pair: (_ended_at(pair[1]) or 0, pair[0].member)):
+                self._ended(segment, run, as_of=_ended_at(run))
             self._run()
         finally:
             self.launcher.close()
@@ -145,7 +145,9 @@ class PBTSweeper(Sweeper):
         else:
             self._pending[id(run)] = segment
 
-    def _ended(self, segment: Segment, run) -> None:
+    def _ended(self, segment: Segment, run, as_of: Optional[int] = None) -> None:
+        """Take ``segment``'s job as ended; a ready member goes on, ranked against the others as they stood at
+        ``as_of`` (ns since the epoch; None: now)."""
         member = self.members[segment.member]
         if run.state == "failed":
             segment.state, segment.why = "failed", run.why
@@ -164,16 +166,17 @@ class PBTSweeper(Sweeper):
             print(f"pbt: member {member.index} finished at {segment.timesteps:,} env steps, "
                   f"{self.metric} {_score(segment.score(self.window))}", flush=True)
         elif not self.synchronous:
-            self._go_on(member)
+            self._go_on(member, as_of=as_of)
 
-    def _go_on(self, member: Member, standings: Optional[dict] = None) -> None:
+    def _go_on(self, member: Member, standings: Optional[dict] = None, as_of: Optional[int] = None) -> None:
         """A ready member's next segment: from its own checkpoint, or a top member's, explored. Ranked
-        against ``standings`` (a generation's, taken before its decisions), or the population as it is now."""
+        against ``standings`` (a generation's, taken before its decisions), or the population as it is now
+        (as it stood at ``as_of``, ns since the epoch, when given)."""
         current = member.current
         rng = self._rng(member.index, current.index + 1)
         damaged = self._damage(current)
         if standings is None:  # a damaged member takes the best copy there is now, past a ready point or not
-            standings = self._standings("now" if damaged else None)
+            standings = self._standings("now" if damaged else None, as_of)
         standings = {**standings, member.index: member.standing(self.window) if damaged else self._standing(member)}
         donor, passed_over = None, set()
         rays_rules = self.ranking == "ready" and self.selection == "truncation"
@@ -260,18 +263,19 @@ class PBTSweeper(Sweeper):
             return source.score
         return sum(source.history) / len(source.history)
 
-    def _standings(self, ranking: Optional[str] = None) -> dict:
+    def _standings(self, ranking: Optional[str] = None, as_of: Optional[int] = None) -> dict:
         """Every member's standing now: a running segment's metric as it has logged it so far, and its newest
-        checkpoint; with ``ranking=ready``, where each stood at its own last ready point past the burn-in."""
+        checkpoint (those of them there were at ``as_of``, ns since the epoch, when given); with
+        ``ranking=ready``, where each stood at its own last ready point past the burn-in."""
         if (ranking or self.ranking) == "ready":
             return {member.index: member.ready_standing(self.window, self.burn_in)
                     for member in self.members if member.segments}
         for member in self.members:
             if member.segments and member.current.state == "running":
                 segment = member.current
-                segment.logged = self._metric_logged(segment.folder)
+                segment.logged = self._metric_logged(segment.folder, as_of)
                 segment.values = [value for _, value in segment.logged]
-                segment.newest = self._newest_checkpoint(segment)
+                segment.newest = self._newest_checkpoint(segment, as_of)
         return {member.index: member.standing(self.window) for member in self.members if member.segments}
 
     def _standing(self, member: Member):
@@ -452,19 +456,24 @@ class PBTSweeper(Sweeper):
     def _metric_values(self, folder: Path) -> list[float]:
         return [value for _, value in self._metric_logged(folder)]
 
-    def _metric_logged(self, folder: Path) -> list[tuple[int, float]]:
-        """The metric's values with the env steps of the row that logged each."""
+    def _metric_logged(self, folder: Path, as_of: Optional[int] = None) -> list[tuple[int, float]]:
+        """The metric's values with the env steps of the row that logged each; given ``as_of`` (ns since the
+        epoch), those of rows logged by then (a row without its ``wall_time``, logged before rows had one, counts
+        as logged by then)."""
         logged = []
         for row in _rows(folder / "metrics.jsonl"):
+            if as_of is not None and _number(logged_at := row.get("wall_time")) and logged_at > as_of / 1e9:
+                continue
             value = row.get(self.metric)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            if _number(value):
                 logged.append((int(row.get("timesteps", 0)), float(value)))
         return logged
 
-    def _newest_checkpoint(self, segment: Segment) -> Optional[tuple[str, int]]:
+    def _newest_checkpoint(self, segment: Segment, as_of: Optional[int] = None) -> Optional[tuple[str, int]]:
         """A running segment's newest checkpoint (relative to the sweep's folder) and its env steps, read from its
         values alone (a copy is checked whole): one it has written, else the one it went on from, copied into
-        its folder; None if there is none yet (a member's first segment)."""
+        its folder; None if there is none yet (a member's first segment). Given ``as_of`` (ns since the epoch),
+        the newest written by then that its run still keeps, else the one it went on from."""
         folder = segment.folder / "checkpoints"
         try:
             found = sorted(((int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT.match(p.name))),
@@ -473,6 +482,8 @@ class PBTSweeper(Sweeper):
             return None
         for _, path in found:  # the newest may be dropped by the run as it is read: then the one before
             try:
+                if as_of is not None and path.stat().st_mtime_ns > as_of:
+                    continue
                 timesteps = int(upgrade_checkpoint(load_npz(path, values_only=True)[1]).get("timesteps", 0))
             except (DamagedFile, OSError, ValueError, TypeError):
                 continue
@@ -654,12 +665,17 @@ def _unreadable(path: Path) -> str:
         return str(exc)
 
 
-def _ended_at(run) -> int:
-    """When ``run``'s job ended: the time its return file was written (0 if it cannot be read)."""
+def _ended_at(run) -> Optional[int]:
+    """When ``run``'s job ended, in ns since the epoch: the time its return file was written (None if it cannot be
+    read)."""
     try:
         return (run.folder / RETURN_FILE).stat().st_mtime_ns
     except OSError:
-        return 0
+        return None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _read_lineage(path: Path) -> list[dict]:
