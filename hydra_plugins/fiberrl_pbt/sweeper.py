@@ -99,8 +99,9 @@ class PBTSweeper(Sweeper):
                         self._go_on(member)
             # ended while the sweep was stopped: taken in the order their jobs ended, not in member order, each
             # ranked against the others as they stood when its job ended, as the sweep running would have ranked it
-            for segment, run in sorted(done_while_stopped, key=lambda pair: (_ended_at(pair[1]) or 0, pair[0].member)):
-                self._ended(segment, run, as_of=_ended_at(run))
+            ends = [(_ended_at(run), segment, run) for segment, run in done_while_stopped]
+            for ended_at, segment, run in sorted(ends, key=lambda end: (end[0] or 0, end[1].member)):
+                self._ended(segment, run, as_of=ended_at)
             self._run()
         finally:
             self.launcher.close()
