@@ -100,6 +100,16 @@ def test_mutations_perturb_within_their_space_and_resample_from_it():
     assert {lam.explore(0.95, rng) for _ in range(50)} == {0.9, 0.99}
     epochs = parse("algo.update_epochs", "interval(2, 20)", 0.0, [1.2], integer=True)
     assert epochs.explore(10, rng) == 12
+    # a perturbation always moves: at a range's edge the way left, a 0 no factor moves is resampled
+    lam = parse("algo.gae_lambda", "interval(0.8, 1.0)", 0.0, [0.8, 1.2], integer=False)
+    assert {lam.explore(0.8, rng) for _ in range(50)} == {0.96}
+    assert {lam.explore(1.0, rng) for _ in range(50)} == {0.8}
+    ent = parse("algo.ent_coef", "interval(0, 0.05)", 0.0, [0.8, 1.2], integer=False)
+    assert len({ent.explore(0.0, rng) for _ in range(50)} - {0.0}) == 50
+    epochs = parse("algo.update_epochs", "interval(1, 20)", 0.0, [0.8, 1.2], integer=True)
+    assert {epochs.explore(2, rng) for _ in range(50)} == {1, 3} and {epochs.explore(1, rng) for _ in range(50)} == {2}
+    gamma = parse("algo.gamma", "choice(0.9, 0.95, 0.99)", 0.0, [0.8, 1.2], integer=False)
+    assert {gamma.explore(0.99, rng) for _ in range(50)} == {0.95}
     for spec, said in [("interval(0.5, 0.1)", "an empty range"), ("tag(log, interval(0, 1))", "above 0"),
                        ("0.3", "one value is no space"), ("range(5, 5)", "an empty range"),
                        ("interval(0.1", "not a space in Hydra's sweep syntax")]:

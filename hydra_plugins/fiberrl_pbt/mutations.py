@@ -1,7 +1,8 @@
 """What PBT may do to one setting: its space, in Hydra's sweep syntax (``interval(0.05, 0.5)``,
 ``tag(log, interval(1e-5, 1e-2))``, ``choice(0.9, 0.95, 0.99)``, ``range(1, 11)``), how it is perturbed
-(multiplied by one of ``factors``, kept in the space; a choice moves to a neighbour) and how often it is
-resampled from the space instead (``resample``), as Jaderberg et al.'s and Ray Tune's PBT explore."""
+(multiplied by one of ``factors``, kept in the space and always moved; a choice moves to a neighbour) and
+how often it is resampled from the space instead (``resample``), as Jaderberg et al.'s and Ray Tune's PBT
+explore."""
 
 import math
 from dataclasses import dataclass
@@ -41,15 +42,31 @@ class Mutation:
         return self.fit(value)
 
     def explore(self, value, rng) -> Any:
-        """``value`` perturbed, or resampled with probability ``resample``."""
+        """``value`` perturbed, or resampled with probability ``resample``.  A perturbation always moves
+        the value: at an end of its space it goes the one way left (a start at a range's edge would
+        otherwise stay there on every draw of the factor that points out), and a value no factor moves
+        (0, say, which multiplying keeps at 0) is resampled."""
         if rng.random() < self.resample:
             return self.sample(rng)
         if self.choices:
             if value not in self.choices:
                 return self.sample(rng)
-            index = self.choices.index(value) + (1 if rng.random() < 0.5 else -1)
-            return self.choices[min(max(index, 0), len(self.choices) - 1)]
-        return self.fit(value * self.factors[int(rng.integers(len(self.factors)))])
+            index, step = self.choices.index(value), (1 if rng.random() < 0.5 else -1)
+            if not 0 <= index + step < len(self.choices):
+                step = -step
+            return self.choices[index + step] if 0 <= index + step < len(self.choices) else value
+        drawn = int(rng.integers(len(self.factors)))
+        moving = [f for f in self.factors if self._perturbed(value, f) != self.fit(value)]
+        if not moving:
+            return self.sample(rng)
+        factor = self.factors[drawn] if self.factors[drawn] in moving else moving[drawn % len(moving)]
+        return self._perturbed(value, factor)
+
+    def _perturbed(self, value, factor: float):
+        new = value * factor
+        if self.integer and round(new) == value and factor != 1:  # 2 x 1.2 rounds back to 2: step by one
+            new = value + (1 if factor > 1 else -1)
+        return self.fit(new)
 
     def fit(self, value: float):
         """``value`` kept in the interval, as the setting's type and a command line take it."""
