@@ -55,12 +55,11 @@ class Mutation:
             if not 0 <= index + step < len(self.choices):
                 step = -step
             return self.choices[index + step] if 0 <= index + step < len(self.choices) else value
-        drawn = int(rng.integers(len(self.factors)))
-        moving = [f for f in self.factors if self._perturbed(value, f) != self.fit(value)]
-        if not moving:
+        drawn, kept = int(rng.integers(len(self.factors))), self.fit(value)
+        moves = [(f, new) for f in self.factors if (new := self._perturbed(value, f)) != kept]
+        if not moves:
             return self.sample(rng)
-        factor = self.factors[drawn] if self.factors[drawn] in moving else moving[drawn % len(moving)]
-        return self._perturbed(value, factor)
+        return next((new for f, new in moves if f == self.factors[drawn]), moves[drawn % len(moves)][1])
 
     def _perturbed(self, value, factor: float):
         new = value * factor
