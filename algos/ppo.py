@@ -414,4 +414,5 @@ ALGORITHM = Algorithm(
                        "charts/episodes", "charts/env_server_restarts", "losses/value_loss", "losses/policy_loss",
                        "losses/entropy", "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac",
                        "losses/explained_variance"}),
-    takes_atari=True, has_env_servers=True)
+    takes_atari=True, has_env_servers=True,
+    run_modules=("torch._dynamo",))  # torch's optimizers import it as the first is made: ~1 s of CPU

@@ -64,6 +64,8 @@ class Algorithm:
     ran_before: Callable[[Any], dict] | None = None
     takes_atari: bool = False                   # applies the Atari preprocessing env.atari=true asks for
     has_env_servers: bool = False               # steps its envs on env servers, whose engine env.engine picks
+    # what a run imports as it starts beyond this module: a sweep's local run jobs are forked with them loaded
+    run_modules: tuple[str, ...] = ()
 
 
 def algorithm(name: str) -> Algorithm:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .algorithm import algorithm
+from .algorithm import ALGORITHMS, algorithm
 from .app_config import AppConfig, BackendConfig, EnvConfig
 from .rl.envs import UnknownEnvironment, check_env_id
 from .run import CheckpointMismatch, NoUsableCheckpoint, RunDirectory
@@ -147,10 +147,16 @@ def run_or_exit(cfg, run_dir) -> dict:
         raise SystemExit(2) from None
 
 
+def run_modules(cfg) -> list[str]:
+    """What a run of ``cfg`` imports as it starts: its algorithm's module, and what that names."""
+    return [ALGORITHMS[cfg.algo.name], *algorithm(cfg.algo.name).run_modules]
+
+
 # a sweep (hydra/launcher=fiberrl) checks every run's settings before any starts, starts each run as
-# a job of the backend its config names, and a run whose job died goes on from its checkpoint
+# a job of the backend its config names (a local one forked with its algorithm imported), and a run
+# whose job died goes on from its checkpoint
 @sweepable(check=validate, configure=configure_backend_of, resume_key="resume", resume_needs="checkpoints/*.npz",
-           next_steps=sweep_next_steps)
+           next_steps=sweep_next_steps, preload=run_modules)
 def task(cfg):
     """``python -m fiberrl``'s task: one run in Hydra's output folder. Returns the run's best eval
     reward, the objective a sweeper (Optuna, Nevergrad, PBT) reads."""

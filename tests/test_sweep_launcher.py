@@ -121,6 +121,42 @@ def test_a_killed_run_is_retried_and_a_bad_value_stops_the_sweep_before_it_start
     assert not list((tmp_path / "big").glob("*/"))
 
 
+PRELOADING_APP = """
+import sys
+from pathlib import Path
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from fiberrl.sweepable import sweepable
+
+@sweepable(preload=lambda cfg: [cfg.module])
+def app(cfg):
+    # what this job had imported before its task ran: the module its run's config names, forked in
+    Path(HydraConfig.get().runtime.output_dir, "had").write_text(str(cfg.module in sys.modules))
+    __import__(cfg.module)
+
+app = hydra.main(version_base=None, config_path=None)(app)
+
+if __name__ == "__main__":
+    app()
+"""
+
+
+def test_each_local_run_job_is_forked_with_the_modules_its_run_imports(tmp_path):
+    script = tmp_path / "preloading.py"
+    script.write_text(PRELOADING_APP)
+    sweep_dir = tmp_path / "sweep"
+    # modules nothing of the launcher, Hydra or the runtime imports; each run names its own
+    modules = ["xml.dom.minidom", "wave"]
+    code, out, err = sweep([str(script), "-m", "hydra/launcher=fiberrl", f"+module={','.join(modules)}",
+                            f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path)
+    assert code == 0, err
+    assert [(sweep_dir / str(num) / "had").read_text() for num in range(2)] == ["True", "True"]
+    # the same app run by itself imports them itself
+    code, out, err = sweep([str(script), "+module=wave", f"hydra.run.dir={tmp_path / 'alone'}"], tmp_path)
+    assert code == 0, err
+    assert (tmp_path / "alone" / "had").read_text() == "False"
+
+
 def test_the_sweep_process_ending_ends_every_run(app, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = sweep([str(app), "-m", "hydra/launcher=fiberrl", "+x=1,2", "+sleep=60", "+fail=false",

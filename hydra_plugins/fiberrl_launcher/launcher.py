@@ -90,6 +90,8 @@ class FiberrlLauncher(Launcher):
         self.resume_key = resume_key
         self.resume_needs = resume_needs
         self.next_steps = None  # the app's, from its sweepable hooks
+        self.preload = None  # the app's: (a run's config) -> the modules its job imports
+        self._preload: list[str] = []  # what every run's job imports: the launcher's and the task's modules
         self.check = check
         self.configure = configure
         self.table_mode = table
@@ -110,6 +112,7 @@ class FiberrlLauncher(Launcher):
         self.resume_key = self.resume_key or hooks.get("resume_key")
         self.resume_needs = self.resume_needs or hooks.get("resume_needs") or "*"
         self.next_steps = hooks.get("next_steps")
+        self.preload = hooks.get("preload")
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -160,10 +163,9 @@ class FiberrlLauncher(Launcher):
         threads = str(max(1, int(self.resources.get("cpu") or 1)))
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, threads)
-        from fiberrl.runtime import set_forkserver_preload
         # local run jobs are forked with the app and Hydra's job machinery already imported
-        set_forkserver_preload(sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
-                                       getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"}))
+        self._preload = sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
+                                getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"})
         # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
         self._hydra_state = Singleton.get_state()
         self._waiting, self._running = deque(), []
@@ -378,6 +380,8 @@ class FiberrlLauncher(Launcher):
             with read_write(config.hydra), open_dict(config):
                 config.hydra.sweep.subdir = run.config.hydra.sweep.subdir
         (run.folder / RETURN_FILE).unlink(missing_ok=True)
+        # and with what this run imports as it starts (a sweep's runs may differ: algo=es,ppo)
+        mp.set_forkserver_preload(self._preload + list(self.preload(config) if self.preload else ()))
         process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
                              args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
                                    self._hydra_state, run.fingerprint))
