@@ -1,7 +1,8 @@
 """What an app tells the sweep launcher (``hydra/launcher=fiberrl``) about itself, on its task
 function: how to check a run's config before any run starts, how to set up the runtime from the
-sweep's config, how a run goes on from its own folder, and what to say when the sweep ends.  Settings of the
-same names (``hydra.launcher.check=module:function``, ...) take precedence.
+sweep's config, how a run goes on from its own folder, what a run imports as it starts, and what to
+say when the sweep ends.  Settings of the same names (``hydra.launcher.check=module:function``, ...)
+take precedence.
 
     @sweepable(check=validate, resume_key="resume", resume_needs="checkpoints/*.npz")
     def main(cfg): ...

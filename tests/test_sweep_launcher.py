@@ -151,6 +151,11 @@ def test_each_local_run_job_is_forked_with_the_modules_its_run_imports(tmp_path)
                             f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"], tmp_path)
     assert code == 0, err
     assert [(sweep_dir / str(num) / "had").read_text() for num in range(2)] == ["True", "True"]
+    # told not to, each job imports them itself
+    code, out, err = sweep([str(script), "-m", "hydra/launcher=fiberrl", "hydra.launcher.preload=false",
+                            "+module=wave", f"hydra.sweep.dir={tmp_path / 'not'}"], tmp_path)
+    assert code == 0, err
+    assert (tmp_path / "not" / "0" / "had").read_text() == "False"
     # the same app run by itself imports them itself
     code, out, err = sweep([str(script), "+module=wave", f"hydra.run.dir={tmp_path / 'alone'}"], tmp_path)
     assert code == 0, err

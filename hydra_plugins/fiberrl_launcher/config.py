@@ -32,6 +32,10 @@ class FiberrlLauncherConf:
     check: Optional[str] = None
     # (an app can give check, configure, resume_key and resume_needs on its task function instead:
     # fiberrl.sweepable.sweepable; these settings take precedence)
+    # local run jobs are forked with what their runs import as they start already imported (what the app's
+    # sweepable preload hook names: fiberrl's algorithm, torch); false: each job imports it itself, as for an
+    # app whose imports start threads, which a forked job would not have
+    preload: bool = True
     # the live table: auto (refreshed in place on a terminal, plain lines otherwise), plain, or off
     table: str = "auto"
 

@@ -81,7 +81,7 @@ class FiberrlLauncher(Launcher):
                  backend_settings: Any = None, cpu: Optional[float] = 1, gpu: Optional[int] = None,
                  mem: Optional[int] = None, retries: int = 2, resume_key: Optional[str] = None,
                  resume_needs: Optional[str] = None, check: Optional[str] = None, configure: Optional[str] = None,
-                 table: str = "auto") -> None:
+                 table: str = "auto", preload: bool = True) -> None:
         self.runs_at_once = runs_at_once
         self.backend = backend
         self.backend_settings = backend_settings
@@ -90,7 +90,8 @@ class FiberrlLauncher(Launcher):
         self.resume_key = resume_key
         self.resume_needs = resume_needs
         self.next_steps = None  # the app's, from its sweepable hooks
-        self.preload = None  # the app's: (a run's config) -> the modules its job imports
+        self.preload = preload
+        self.run_modules = None  # the app's: (a run's config) -> the modules its job imports as it starts
         self._preload: list[str] = []  # what every run's job imports: the launcher's and the task's modules
         self.check = check
         self.configure = configure
@@ -112,7 +113,7 @@ class FiberrlLauncher(Launcher):
         self.resume_key = self.resume_key or hooks.get("resume_key")
         self.resume_needs = self.resume_needs or hooks.get("resume_needs") or "*"
         self.next_steps = hooks.get("next_steps")
-        self.preload = hooks.get("preload")
+        self.run_modules = hooks.get("preload") if self.preload else None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -381,7 +382,7 @@ class FiberrlLauncher(Launcher):
                 config.hydra.sweep.subdir = run.config.hydra.sweep.subdir
         (run.folder / RETURN_FILE).unlink(missing_ok=True)
         # and with what this run imports as it starts (a sweep's runs may differ: algo=es,ppo)
-        mp.set_forkserver_preload(self._preload + list(self.preload(config) if self.preload else ()))
+        mp.set_forkserver_preload(self._preload + list(self.run_modules(config) if self.run_modules else ()))
         process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
                              args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
                                    self._hydra_state, run.fingerprint))
