@@ -92,7 +92,7 @@ class FiberrlLauncher(Launcher):
         self.next_steps = None  # the app's, from its sweepable hooks
         self.preload = preload
         self.run_modules = None  # the app's: (a run's config) -> the modules its job imports as it starts
-        self._preload: list[str] = []  # what every run's job imports: the launcher's and the task's modules
+        self._job_modules: list[str] = []  # what every run's job imports: the launcher's and the task's modules
         self.check = check
         self.configure = configure
         self.table_mode = table
@@ -165,8 +165,8 @@ class FiberrlLauncher(Launcher):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, threads)
         # local run jobs are forked with the app and Hydra's job machinery already imported
-        self._preload = sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
-                                getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"})
+        self._job_modules = sorted({__name__.rsplit(".", 1)[0] + ".run_in_job", "hydra.core.utils",
+                                    getattr(self.task_function, "__module__", None) or "hydra"} - {"__main__"})
         # what each run's job restores of Hydra's singletons (its config store, search path...): one copy
         self._hydra_state = Singleton.get_state()
         self._waiting, self._running = deque(), []
@@ -382,7 +382,7 @@ class FiberrlLauncher(Launcher):
                 config.hydra.sweep.subdir = run.config.hydra.sweep.subdir
         (run.folder / RETURN_FILE).unlink(missing_ok=True)
         # and with what this run imports as it starts (a sweep's runs may differ: algo=es,ppo)
-        mp.set_forkserver_preload(self._preload + list(self.run_modules(config) if self.run_modules else ()))
+        mp.set_forkserver_preload(self._job_modules + list(self.run_modules(config) if self.run_modules else ()))
         process = mp.Process(target=run_sweep_job, name=f"sweep-run-{run.num}",
                              args=(self.hydra_context, self.task_function, config, run.overrides, str(run.folder),
                                    self._hydra_state, run.fingerprint))
