@@ -20,7 +20,7 @@ from typing import Any
 ALGORITHMS = {"es": "fiberrl.algos.es", "ppo": "fiberrl.algos.ppo", "poet": "fiberrl.algos.poet"}
 
 # top-level settings that do not change what a run computes, unless an algorithm says otherwise
-RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard", "until_timesteps"})
+RESUME_MAY_CHANGE = frozenset({"workers", "backend", "resume", "tensorboard", "until_timesteps", "keep_checkpoints"})
 # what every algorithm's metrics.jsonl rows hold (fiberrl.training.TrainingLoop.end)
 LOOP_METRICS = frozenset({"iteration", "timesteps", "eval_reward", "time_s", "iteration_s", "wall_time"})
 

@@ -107,7 +107,8 @@ def run(cfg, run_dir: str | os.PathLike, on_iteration=None) -> dict:
         raise UsageError(f"resume={cfg.resume}: not a run directory (it has no checkpoints/)")
     record = algorithm(cfg.algo.name)
     directory = RunDirectory(path, fingerprint(cfg), OmegaConf.to_yaml(cfg, resolve=True),
-                             tensorboard=cfg.tensorboard, defaults=setting_defaults(cfg),
+                             keep_checkpoints=cfg.keep_checkpoints, tensorboard=cfg.tensorboard,
+                             defaults=setting_defaults(cfg),
                              tunable={f"algo.{name}" for name in record.tunable})
     from fiberrl.runtime import set_forkserver_preload
     # local workers are forked with what they run already imported

@@ -76,6 +76,9 @@ class AppConfig:
     # pause: checkpoint and end once the run has this many env steps (resume= goes on); None: run to the end
     until_timesteps: int | None = setting(None, optional(at_least(1), "run to the end"))
     tensorboard: bool = setting(True, ANY)  # also write TensorBoard events
+    # the newest checkpoints a run keeps in checkpoints/ (older ones are removed as new ones are written);
+    # null: every one, to evaluate the policy along the way (python -m fiberrl.evaluate --checkpoint N)
+    keep_checkpoints: int | None = setting(3, optional(at_least(1), "keep every checkpoint"))
 
 
 def default_run_dir(resume, algo: str, env: str) -> str:

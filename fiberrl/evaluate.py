@@ -1,12 +1,14 @@
 """Run a trained policy from a run directory and report its returns.
 
     python -m fiberrl.evaluate <run dir> [--episodes 10] [--seed 0]
-                               [--checkpoint best|latest] [--video first.gif] [--max-frames N]
+                               [--checkpoint best|latest|ITERATION] [--video first.gif] [--max-frames N]
 
 Prints one line per episode, then the mean +- std return and the mean length.
 Episode i is reset with seed ``seed + i``, so the same arguments give the same
 numbers.  ``--checkpoint best`` loads ``best_policy.npz`` (the parameters with
-the best eval reward), ``latest`` the newest file in ``checkpoints/``.
+the best eval reward), ``latest`` the newest file in ``checkpoints/``, and a
+number the checkpoint of that iteration (a run keeps every one with
+``keep_checkpoints=null``), to score the policy as it stood along the way.
 ``--video`` saves the first episode as an animated GIF; ``--max-frames`` caps
 how many of its frames are kept (the episode itself still runs to the end).
 
@@ -77,6 +79,16 @@ def _newest_checkpoint(run_dir: Path) -> Path:
     return found[-1][1]
 
 
+def _checkpoint_of(run_dir: Path, iteration: int) -> Path:
+    folder = run_dir / "checkpoints"
+    found = {int(m.group(1)): p for p in folder.glob("*.npz") if (m := CHECKPOINT.match(p.name))}
+    if iteration in found:
+        return found[iteration]
+    held = ", ".join(str(i) for i in sorted(found)) or "none"
+    raise RunError(f"{run_dir} has no checkpoint of iteration {iteration} (it holds iterations: {held}; "
+                   f"keep_checkpoints=null keeps every one)")
+
+
 def _policy_file(run_dir: Path, which: str) -> Path:
     if which == "best":
         path = run_dir / "best_policy.npz"
@@ -86,7 +98,10 @@ def _policy_file(run_dir: Path, which: str) -> Path:
         return path
     if which == "latest":
         return _newest_checkpoint(run_dir)
-    raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)}")
+    if str(which).isdigit():
+        return _checkpoint_of(run_dir, int(which))
+    raise RunError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINT_CHOICES)} "
+                   f"or an iteration number")
 
 
 @dataclass
@@ -129,7 +144,7 @@ def _load(run_dir, which: str) -> Loaded:
 
 def load_policy(run_dir, which: str = "best"):
     """(env config dict, policy with the saved parameters, obs_mean, obs_std, obs_clip)
-    of the run in ``run_dir``; ``which`` is "best" or "latest".  The last three are None for
+    of the run in ``run_dir``; ``which`` is "best", "latest" or an iteration number.  The last three are None for
     a policy that normalises its observations itself (PPO's)."""
     loaded = _load(run_dir, which)
     policy = loaded.policy
@@ -208,14 +223,21 @@ def evaluate(run_dir, episodes: int = 10, seed: int = 0, which: str = "best", vi
     return _run_episodes(_load(run_dir, which), episodes, seed, video_path, max_frames, on_episode)
 
 
+def checkpoint_choice(text: str) -> str:
+    if text in CHECKPOINT_CHOICES or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give best, latest or an iteration number")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fiberrl.evaluate",
                                      description="Run a trained policy from a run directory and report its returns.")
     parser.add_argument("run_dir", help="a run directory (holding config.yaml)")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="episode i is reset with seed+i (default 0)")
-    parser.add_argument("--checkpoint", choices=CHECKPOINT_CHOICES, default="best",
-                        help="best: best_policy.npz; latest: the newest checkpoint (default best)")
+    parser.add_argument("--checkpoint", type=checkpoint_choice, default="best",
+                        help="best: best_policy.npz; latest: the newest checkpoint; a number: the checkpoint of "
+                             "that iteration (default best)")
     parser.add_argument("--video", metavar="PATH.gif", help="save the first episode as an animated GIF")
     parser.add_argument("--max-frames", type=int, metavar="N", help="keep at most N frames in the GIF")
     args = parser.parse_args(argv)

@@ -143,7 +143,7 @@ class RunDirectory:
     fingerprint (``"algo.learning_rate"``) a resume may set anew, going on
     with the new value from the checkpoint (what PBT changes), said in a line."""
 
-    def __init__(self, path, fingerprint: dict, config_yaml: str | None = None, keep_checkpoints: int = 3,
+    def __init__(self, path, fingerprint: dict, config_yaml: str | None = None, keep_checkpoints: int | None = 3,
                  tensorboard: bool = True, console: Console | None = None, defaults: dict | None = None,
                  tunable: set[str] | frozenset[str] = frozenset()):
         self.path = Path(path)
@@ -168,8 +168,9 @@ class RunDirectory:
     def save_checkpoint(self, iteration: int, arrays: dict, values: dict) -> Path:
         path = self.checkpoints / f"{iteration:06d}.npz"
         save_npz(path, arrays, dict(values, fingerprint=self.fingerprint, format=CHECKPOINT_FORMAT))
-        for old in self.checkpoint_paths()[:-self.keep_checkpoints]:
-            old.unlink()
+        if self.keep_checkpoints is not None:
+            for old in self.checkpoint_paths()[:-self.keep_checkpoints]:
+                old.unlink()
         return path
 
     def resume(self, check=None) -> tuple[dict, dict] | None:

@@ -69,6 +69,27 @@ def test_bad_settings_fail_in_one_line(tmp_path, args, message):
 
 
 @pytest.mark.slow
+def test_a_run_keeps_its_newest_checkpoints_or_with_keep_checkpoints_null_every_one(tmp_path):
+    every = ["algo.iterations=5", "algo.checkpoint_every=1"]
+    kept = fiberrl_cli([*TINY, *every, f"hydra.run.dir={tmp_path / 'kept'}"], tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert sorted(p.name for p in (tmp_path / "kept" / "checkpoints").iterdir()) == [
+        "000002.npz", "000003.npz", "000004.npz"]
+    run_dir = tmp_path / "all"
+    done = fiberrl_cli([*TINY, *every, "keep_checkpoints=null", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(list((run_dir / "checkpoints").iterdir())) == 5
+    # where a run keeps its files, not what it computes: a resume may set it anew
+    resumed = fiberrl_cli([*TINY, "algo.iterations=7", "algo.checkpoint_every=1", "keep_checkpoints=1",
+                           f"resume={run_dir}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["000006.npz"]
+    bad = fiberrl_cli([*TINY, "keep_checkpoints=0", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr == "error: keep_checkpoints=0: must be an integer >= 1, or null for keep every checkpoint\n"
+
+
+@pytest.mark.slow
 def test_unknown_algo_and_misspelt_key_get_hydras_message(tmp_path):
     result = fiberrl_cli(["algo=nope"], tmp_path)
     assert result.returncode == 1 and "Could not find 'algo/nope'" in result.stderr

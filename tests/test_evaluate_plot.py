@@ -92,6 +92,23 @@ def test_load_policy_returns_the_saved_policy(tmp_path):
     assert obs_clip == 5.0
 
 
+def test_a_checkpoint_is_chosen_by_its_iteration(tmp_path):
+    run = make_run(tmp_path / "run", iterations=3)  # its checkpoint of iteration 2 normalises with mean 0
+    directory = RunDirectory(run, fingerprint={}, keep_checkpoints=None, tensorboard=False,
+                             console=Console(quiet=True))
+    for i in (0, 1):  # older checkpoints, each with its own observation mean: 5 and 6
+        directory.save_checkpoint(i, dict(theta=np.zeros(58), obs_sum=np.full(4, 100.0 * (5 + i)),
+                                          obs_sumsq=np.full(4, 100.0 * ((5 + i) ** 2 + 1))),
+                                  dict(obs_count=100.0, iteration=i))
+    directory.close()
+    assert len(list((run / "checkpoints").iterdir())) == 3
+    np.testing.assert_allclose(load_policy(run, "1")[2], 6.0)
+    np.testing.assert_allclose(load_policy(run, 0)[2], 5.0)
+    np.testing.assert_allclose(load_policy(run, "2")[2], 0.0)
+    first = evaluate(run, episodes=2, seed=3, which="2")
+    assert first == evaluate(run, episodes=2, seed=3, which="latest")
+
+
 @pytest.mark.slow
 def test_cli_prints_episodes_and_summary_and_writes_a_gif(tmp_path):
     run = make_run(tmp_path / "run")
@@ -113,6 +130,7 @@ def test_cli_prints_episodes_and_summary_and_writes_a_gif(tmp_path):
     ("no checkpoints", ["no checkpoints"]),
     ("not a gif", [".gif"]),
     ("missing", ["no such directory"]),
+    ("no such iteration", ["no checkpoint of iteration 7", "iterations: 4", "keep_checkpoints=null"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, words):
     args = {
@@ -121,6 +139,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, words):
         "no checkpoints": lambda: [str(make_run(tmp_path / "run", checkpoint=False)), "--checkpoint", "latest"],
         "not a gif": lambda: [str(make_run(tmp_path / "run")), "--video", str(tmp_path / "first.mp4")],
         "missing": lambda: [str(tmp_path / "nowhere")],
+        "no such iteration": lambda: [str(make_run(tmp_path / "run")), "--checkpoint", "7"],
     }[case]()
     with pytest.raises(SystemExit) as exited:
         evaluate_main(args)

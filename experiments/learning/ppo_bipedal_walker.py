@@ -13,6 +13,13 @@ A table of both, the ratio of their steps/s, and one PNG: the training
 episodes' mean return per update against env steps and against wall time,
 one line per seed, with the zoo's published 287.9 and the 300 of "solved".
 
+With --solved-at (fiberrl's runs, made with ``--set keep_checkpoints=null``
+so that every checkpoint stays): each checkpoint's policy over the same
+--eval-episodes episodes, and the env steps at which the run first solved
+the env: the first checkpoint at 300 or more whose policy also scores 300 or
+more over as many other episodes (seeds 20,000 + i), so that a checkpoint
+picked for a lucky set of episodes does not count (``solved.json``).
+
 A fiberrl seed whose run folder holds a checkpoint but did not finish is
 resumed (``resume=``); one that finished is only evaluated.  A peer seed that
 has its final.json is kept; one cut short starts again.
@@ -33,6 +40,7 @@ Flags:
     --eval-episodes N   episodes of the final policy (default 100)
     --peer-python PATH  interpreter for the SB3 peer (default: this one)
     --set KEY=VALUE     a Hydra override of fiberrl's preset (repeatable), to try a change of it
+    --solved-at         score every kept checkpoint: the env steps at which each fiberrl seed first solved the env
     --no-peer           run fiberrl only
     --peer-only         run only the peer (into --out, which may hold fiberrl's runs)
     --out DIR           results folder (default experiments/results/ppo_bipedal/<timestamp>)
@@ -54,6 +62,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_ID = "BipedalWalker-v3"
 ZOO_SCORE, SOLVED = 287.9, 300.0
 EVAL_SEED = 10_000
+CONFIRM_SEED = 20_000  # the other episodes that confirm a checkpoint found solved on EVAL_SEED's
 ZOO = dict(n_envs=32, n_steps=2048, batch_size=64, gae_lambda=0.95, gamma=0.999, n_epochs=10, ent_coef=0.0,
            learning_rate=3e-4, clip_range=0.18)
 
@@ -93,6 +102,51 @@ def write_final(run_dir: Path, returns: list[float], seconds: float) -> None:
     (run_dir / "final.json").write_text(json.dumps(final))
     print(f"{run_dir}: final policy {final['mean']:.1f} ± {final['std']:.1f} over {len(returns)} episodes",
           flush=True)
+
+
+def solved_at(args, run_dir: Path) -> dict:
+    """Every kept checkpoint's policy over --eval-episodes episodes, and the first one that solved the env
+    on them and on as many other episodes; written to solved.json, read back when it is there."""
+    path = run_dir / "solved.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from fiberrl.evaluate import evaluate
+    from fiberrl.run import CHECKPOINT
+    from fiberrl.runtime import Pool
+    iterations = sorted(int(m.group(1)) for p in (run_dir / "checkpoints").glob("*.npz")
+                        if (m := CHECKPOINT.match(p.name)))
+    steps = {m["iteration"]: m["timesteps"] for m in read_metrics(run_dir)}
+    if len(iterations) < 4:
+        print(f"{run_dir}: --solved-at needs the run's every checkpoint, and it kept {len(iterations)}; run it "
+              f"with --set keep_checkpoints=null", flush=True)
+        return {}
+    started = time.perf_counter()
+    with Pool(2) as pool:  # one checkpoint a core
+        scores = pool.starmap(evaluate, [(run_dir, args.eval_episodes, EVAL_SEED, str(i)) for i in iterations])
+        rows = [dict(iteration=i, timesteps=steps.get(i), mean=statistics.mean(r for r, _ in found),
+                     std=statistics.pstdev(r for r, _ in found)) for i, found in zip(iterations, scores, strict=True)]
+        solved = None
+        for row in rows:
+            if row["mean"] < SOLVED:
+                continue
+            episodes = pool.apply(evaluate, (run_dir, args.eval_episodes, CONFIRM_SEED, str(row["iteration"])))
+            again = [r for r, _ in episodes]
+            row["confirmed"] = dict(mean=statistics.mean(again), std=statistics.pstdev(again), seed=CONFIRM_SEED)
+            if row["confirmed"]["mean"] >= SOLVED:
+                solved = row
+                break
+    result = dict(checkpoints=rows, episodes=args.eval_episodes, seed=EVAL_SEED,
+                  solved_at=None if solved is None else solved["timesteps"],
+                  solved_iteration=None if solved is None else solved["iteration"],
+                  eval_s=time.perf_counter() - started)
+    path.write_text(json.dumps(result, indent=1))
+    for row in rows:
+        confirmed = row.get("confirmed")
+        print(f"{run_dir.name} checkpoint {row['iteration']:>3} ({row['timesteps'] or 0:>9,} steps): "
+              f"{row['mean']:7.1f} ± {row['std']:5.1f}"
+              + (f"  again on seeds {CONFIRM_SEED}+: {confirmed['mean']:.1f} ± {confirmed['std']:.1f}"
+                 if confirmed else ""), flush=True)
+    return result
 
 
 # --- Stable-Baselines3 (runs in a subprocess of --peer-python) -----------------------------
@@ -176,18 +230,23 @@ def summarize(framework: str, seed: int, run_dir: Path) -> dict | None:
         return None
     final = json.loads(final_path.read_text())
     last = metrics[-1]
+    solved = json.loads((run_dir / "solved.json").read_text()) if (run_dir / "solved.json").exists() else {}
     return dict(framework=framework, seed=seed, final=final["mean"], final_std=final["std"],
                 episodes=final["episodes"], steps=last["timesteps"], wall_s=last["time_s"],
-                steps_per_s=last["timesteps"] / last["time_s"], run_dir=str(run_dir))
+                steps_per_s=last["timesteps"] / last["time_s"], run_dir=str(run_dir),
+                solved_at=solved.get("solved_at"), solved_scored="checkpoints" in solved)
 
 
 def report(rows: list[dict], out: Path, args) -> None:
     print(f"\n{ENV_ID}, {args.steps:,} env steps per seed; final policy over {args.eval_episodes} episodes "
           f"(mean action); solved: {SOLVED:.0f}, the zoo's PPO: {ZOO_SCORE}")
-    print(f"{'framework':<10} {'seed':>4} {'final':>8} {'± std':>7} {'env steps':>11} {'wall s':>8} {'steps/s':>8}")
+    print(f"{'framework':<10} {'seed':>4} {'final':>8} {'± std':>7} {'env steps':>11} {'wall s':>8} {'steps/s':>8} "
+          f"{'solved at':>10}")
     for r in rows:
+        solved = ("-" if not r.get("solved_scored") else "not" if r["solved_at"] is None
+                  else f"{r['solved_at']:,}")
         print(f"{r['framework']:<10} {r['seed']:>4} {r['final']:>8.1f} {r['final_std']:>7.1f} {r['steps']:>11,} "
-              f"{r['wall_s']:>8.0f} {r['steps_per_s']:>8.0f}")
+              f"{r['wall_s']:>8.0f} {r['steps_per_s']:>8.0f} {solved:>10}")
     means = {}
     for name in ("fiberrl", "sb3"):
         group = [r for r in rows if r["framework"] == name]
@@ -240,6 +299,7 @@ def main():
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--peer-python", default=sys.executable)
     parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--solved-at", action="store_true")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--peer-only", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
@@ -264,6 +324,8 @@ def main():
         for seed in args.seeds:
             print(f"\nfiberrl PPO, seed {seed}, {args.steps:,} env steps", flush=True)
             fiberrl_seed(args, seed, out / "fiberrl" / f"seed{seed}")
+            if args.solved_at:
+                solved_at(args, out / "fiberrl" / f"seed{seed}")
     if not args.no_peer:
         from peer_python import missing_imports  # beside this script
         why = missing_imports(args.peer_python, ["stable_baselines3", "Box2D"])
