@@ -110,27 +110,40 @@ def solved_at(args, run_dir: Path) -> dict:
     path = run_dir / "solved.json"
     if path.exists():
         return json.loads(path.read_text())
-    from fiberrl.evaluate import evaluate
+    import yaml
+
+    from fiberrl.evaluate import RunError, evaluate
     from fiberrl.run import CHECKPOINT
     from fiberrl.runtime import Pool
+    kept = yaml.safe_load((run_dir / "config.yaml").read_text()).get("keep_checkpoints", 3)
+    if kept is not None:
+        print(f"{run_dir}: --solved-at scores every checkpoint, and this run kept its last {kept}; run it with "
+              f"--set keep_checkpoints=null", flush=True)
+        return {}
     iterations = sorted(int(m.group(1)) for p in (run_dir / "checkpoints").glob("*.npz")
                         if (m := CHECKPOINT.match(p.name)))
     steps = {m["iteration"]: m["timesteps"] for m in read_metrics(run_dir)}
-    if len(iterations) < 4:
-        print(f"{run_dir}: --solved-at needs the run's every checkpoint, and it kept {len(iterations)}; run it "
-              f"with --set keep_checkpoints=null", flush=True)
-        return {}
     started = time.perf_counter()
-    with Pool(2) as pool:  # one checkpoint a core
-        scores = pool.starmap(evaluate, [(run_dir, args.eval_episodes, EVAL_SEED, str(i)) for i in iterations])
-        rows = [dict(iteration=i, timesteps=steps.get(i), mean=statistics.mean(r for r, _ in found),
-                     std=statistics.pstdev(r for r, _ in found)) for i, found in zip(iterations, scores, strict=True)]
+
+    def returns(pending) -> list[float] | None:
+        try:
+            return [r for r, _ in pending.get()]
+        except RunError as exc:  # a damaged checkpoint: said, and passed over
+            print(f"{run_dir}: {exc}", flush=True)
+            return None
+
+    with Pool(len(os.sched_getaffinity(0))) as pool:  # one checkpoint a core
+        pending = [pool.apply_async(evaluate, (run_dir, args.eval_episodes, EVAL_SEED, str(i))) for i in iterations]
+        rows = [dict(iteration=i, timesteps=steps.get(i), mean=statistics.mean(found), std=statistics.pstdev(found))
+                for i, task in zip(iterations, pending, strict=True) if (found := returns(task)) is not None]
         solved = None
         for row in rows:
             if row["mean"] < SOLVED:
                 continue
-            episodes = pool.apply(evaluate, (run_dir, args.eval_episodes, CONFIRM_SEED, str(row["iteration"])))
-            again = [r for r, _ in episodes]
+            again = returns(pool.apply_async(evaluate, (run_dir, args.eval_episodes, CONFIRM_SEED,
+                                                        str(row["iteration"]))))
+            if again is None:
+                continue
             row["confirmed"] = dict(mean=statistics.mean(again), std=statistics.pstdev(again), seed=CONFIRM_SEED)
             if row["confirmed"]["mean"] >= SOLVED:
                 solved = row
