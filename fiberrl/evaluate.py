@@ -85,8 +85,9 @@ def _checkpoint_of(run_dir: Path, iteration: int) -> Path:
     if iteration in found:
         return found[iteration]
     held = ", ".join(str(i) for i in sorted(found)) or "none"
-    raise RunError(f"{run_dir} has no checkpoint of iteration {iteration} (it holds iterations: {held}; "
-                   f"keep_checkpoints=null keeps every one)")
+    raise RunError(f"{run_dir} has no checkpoint of iteration {iteration} (it holds iterations: {held}; a run "
+                   f"writes one every algo.checkpoint_every iterations and keeps the last keep_checkpoints of them, 3 "
+                   f"by default, every one with keep_checkpoints=null)")
 
 
 def _policy_file(run_dir: Path, which: str) -> Path:
