@@ -29,7 +29,7 @@ import yaml
 
 from .algorithm import ALGORITHMS, LoadedPolicy, algorithm
 from .rl.envs import UnknownEnvironment, make_env
-from .run import CHECKPOINT, load_npz
+from .run import checkpoint_files, load_npz
 
 CHECKPOINT_CHOICES = ("best", "latest")
 
@@ -72,19 +72,17 @@ def _read_npz(path: Path) -> tuple[dict, dict]:
 
 
 def _newest_checkpoint(run_dir: Path) -> Path:
-    folder = run_dir / "checkpoints"
-    found = sorted((int(m.group(1)), p) for p in folder.glob("*.npz") if (m := CHECKPOINT.match(p.name)))
+    found = checkpoint_files(run_dir / "checkpoints")
     if not found:
-        raise RunError(f"{run_dir} has no checkpoints yet (nothing in {folder})")
-    return found[-1][1]
+        raise RunError(f"{run_dir} has no checkpoints yet (nothing in {run_dir / 'checkpoints'})")
+    return list(found.values())[-1]
 
 
 def _checkpoint_of(run_dir: Path, iteration: int) -> Path:
-    folder = run_dir / "checkpoints"
-    found = {int(m.group(1)): p for p in folder.glob("*.npz") if (m := CHECKPOINT.match(p.name))}
+    found = checkpoint_files(run_dir / "checkpoints")
     if iteration in found:
         return found[iteration]
-    held = ", ".join(str(i) for i in sorted(found)) or "none"
+    held = ", ".join(map(str, found)) or "none"
     raise RunError(f"{run_dir} has no checkpoint of iteration {iteration} (it holds iterations: {held}; a run "
                    f"writes one every algo.checkpoint_every iterations and keeps the last keep_checkpoints of them, 3 "
                    f"by default, every one with keep_checkpoints=null)")

@@ -135,6 +135,12 @@ def upgrade_checkpoint(values: dict) -> dict:
     return dict(values, format=CHECKPOINT_FORMAT)
 
 
+def checkpoint_files(folder: Path) -> dict[int, Path]:
+    """The checkpoints in ``folder`` by iteration, oldest first (none where the folder is missing)."""
+    found = sorted((int(m.group(1)), p) for p in Path(folder).glob("*.npz") if (m := CHECKPOINT.match(p.name)))
+    return dict(found)
+
+
 class RunDirectory:
     """``fingerprint``: the settings a checkpoint must have been made with to be
     resumed here (those that change the result), as a JSON-able dict;
@@ -162,8 +168,7 @@ class RunDirectory:
 
     # --- checkpoints ------------------------------------------------------
     def checkpoint_paths(self) -> list[Path]:
-        found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir() if (m := CHECKPOINT.match(p.name))]
-        return [p for _, p in sorted(found)]
+        return list(checkpoint_files(self.checkpoints).values())
 
     def save_checkpoint(self, iteration: int, arrays: dict, values: dict) -> Path:
         path = self.checkpoints / f"{iteration:06d}.npz"

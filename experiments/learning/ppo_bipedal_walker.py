@@ -110,18 +110,15 @@ def solved_at(args, run_dir: Path) -> dict:
     path = run_dir / "solved.json"
     if path.exists():
         return json.loads(path.read_text())
-    import yaml
-
-    from fiberrl.evaluate import RunError, evaluate
-    from fiberrl.run import CHECKPOINT
+    from fiberrl.evaluate import RunError, evaluate, read_config
+    from fiberrl.run import checkpoint_files
     from fiberrl.runtime import Pool
-    kept = yaml.safe_load((run_dir / "config.yaml").read_text()).get("keep_checkpoints", 3)
+    kept = read_config(run_dir).get("keep_checkpoints", 3)
     if kept is not None:
         print(f"{run_dir}: --solved-at scores every checkpoint, and this run kept its last {kept}; run it with "
               f"--set keep_checkpoints=null", flush=True)
         return {}
-    iterations = sorted(int(m.group(1)) for p in (run_dir / "checkpoints").glob("*.npz")
-                        if (m := CHECKPOINT.match(p.name)))
+    iterations = list(checkpoint_files(run_dir / "checkpoints"))
     steps = {m["iteration"]: m["timesteps"] for m in read_metrics(run_dir)}
     started = time.perf_counter()
 
