@@ -5,12 +5,13 @@
 - (a) ``pbt``: fiberrl's ``hydra/sweeper=pbt`` mutating PPO's usual set (those four settings); ``pbt-ttest``:
   the same with Jaderberg et al.'s t-test selection (``hydra.sweeper.selection=ttest``) in place of truncation;
   ``pbt-ready``: truncation with each member ranked as it stood at its own last ready point and copied only from
-  one where it ranked on top (``hydra.sweeper.ranking=ready``, Ray Tune's rules);
+  one where it ranked on top (``hydra.sweeper.ranking=ready``, Ray Tune's rules); ``pbt-sync``: generational
+  (``hydra.sweeper.synchronous=true``), every member waiting for the others at each ready point;
 - (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
   ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
   trainable (``pbt_ray_peer.py``, in ``--ray-python``: Ray is not a project dependency), with the same
-  population, interval, quantile, mutations and metric.
+  population, interval, quantile, mutations and metric; ``ray-sync``: the same with Ray's ``synch=True``.
 - ``preset``: the same members trained independently from the preset's own settings (not the poor ones):
   what the settings PBT searches reach at this budget when they are good from the start.
 
@@ -36,7 +37,7 @@ on the same machine compare (use a fresh --out on a new machine).
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray; or pbt-ttest, pbt-ready, preset), --eval-episodes (100), --ray-python (default: this
+--which (pbt independent ray; or pbt-ttest, pbt-ready, pbt-sync, ray-sync, preset), --eval-episodes (100), --ray-python (default: this
 interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
 is the best by the ranking metric; N: the best mean return of each member's final policy over N other
 episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
@@ -92,14 +93,14 @@ def set_poor(starts: list[str]) -> None:
         POOR[key] = number
 
 
-def run_pbt(args, seed: int, folder: Path, selection: str = "truncation",
-            ranking: str = "now") -> tuple[list[tuple[Path, float]], float]:
+def run_pbt(args, seed: int, folder: Path, selection: str = "truncation", ranking: str = "now",
+            synchronous: bool = False) -> tuple[list[tuple[Path, float]], float]:
     command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args), *poor(),
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
                f"hydra.sweeper.burn_in={args.burn_in}", f"hydra.sweeper.selection={selection}",
-               f"hydra.sweeper.ranking={ranking}",
+               f"hydra.sweeper.ranking={ranking}", f"hydra.sweeper.synchronous={str(synchronous).lower()}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     if args.final_episodes:
         command += [f"hydra.sweeper.final_episodes={args.final_episodes}", f"hydra.sweeper.final_seed={FINAL_SEED}"]
@@ -138,11 +139,11 @@ def independent_members(folder: Path, population: int) -> list[tuple[Path, float
     return members
 
 
-def run_ray(args, seed: int, folder: Path) -> tuple[list[tuple[Path, float]], float]:
+def run_ray(args, seed: int, folder: Path, synch: bool = False) -> tuple[list[tuple[Path, float]], float]:
     command = [args.ray_python, str(Path(__file__).with_name("pbt_ray_peer.py")), "--out", str(folder),
                "--seed", str(seed), "--population", str(args.population), "--interval", str(args.interval),
                "--quantile", str(QUANTILE), "--window", str(WINDOW), "--burn-in", str(args.burn_in)]
-    command += [f"--set={o}" for o in fixed(args)] + [f"--start={o}" for o in poor()]
+    command += [f"--set={o}" for o in fixed(args)] + [f"--start={o}" for o in poor()] + ["--synch"] * synch
     wall = _timed(command, folder.parent / f"{folder.name}.log")
     return ray_members(folder), wall
 
@@ -210,7 +211,8 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "pbt-ttest", "pbt-ready", "independent", "preset", "ray"])
+                        choices=["pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "independent", "preset", "ray",
+                                 "ray-sync"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
@@ -234,16 +236,17 @@ def main() -> None:
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
              "pbt-ready": functools.partial(run_pbt, ranking="ready"),
+             "pbt-sync": functools.partial(run_pbt, synchronous=True),
              "independent": run_independent, "preset": functools.partial(run_independent, start=list),
-             "ray": run_ray}
+             "ray": run_ray, "ray-sync": functools.partial(run_ray, synch=True)}
     if args.reselect:
         reselect(results, args)
         results_path.write_text(json.dumps(results, indent=1))
         report(results, args)
         return
-    if "ray" in args.which and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
+    if {"ray", "ray-sync"} & set(args.which) and (why := missing_imports(args.ray_python, ["ray.tune", "fiberrl"])):
         print(f"the Ray peer is skipped: {why}", flush=True)
-        args.which = [k for k in args.which if k != "ray"]
+        args.which = [k for k in args.which if not k.startswith("ray")]
     for seed in args.seeds:
         for kind in args.which:
             key = f"{kind}/seed{seed}"
@@ -288,9 +291,11 @@ def reselect(results: dict, args) -> None:
     episodes of every final policy; its wall time and its members' scores kept."""
     if not args.final_episodes:
         raise SystemExit("--reselect names the best by --final-episodes episodes: give --final-episodes N")
-    readers = {**{kind: lambda f: pbt_members(f, args.population) for kind in ("pbt", "pbt-ttest", "pbt-ready")},
+    readers = {**{kind: lambda f: pbt_members(f, args.population)
+                  for kind in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync")},
                "independent": lambda f: independent_members(f, args.population),
-               "preset": lambda f: independent_members(f, args.population), "ray": ray_members}
+               "preset": lambda f: independent_members(f, args.population), "ray": ray_members,
+               "ray-sync": ray_members}
     for key, result in sorted(results.items()):
         kind, seed = key.split("/")
         try:
@@ -322,7 +327,8 @@ def report(results: dict, args) -> None:
                   f"{r['best_member']} ({r['best_final']:.1f}); by the ranking metric: member {r['best_by_ranking']} "
                   f"({r['best_by_ranking_final']:.1f})" + (f"; the sweeper named member {r['sweeper_named']}"
                                                            if "sweeper_named" in r else ""))
-    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready") for k in ("independent", "ray")]:
+    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync")
+                       for k in ("independent", "ray", "ray-sync")]:
         pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]
         if pairs:

@@ -74,11 +74,13 @@ def trainable(config: dict) -> None:
 
         seen = len(history)
         summary = run(compose(overrides), run_dir, on_iteration=report_evaluation)
-        rows = _rows(run_dir)
+        # none when the trial was restored at its end (Ray's synchronous PBT pauses a trial at its last report too,
+        # and starts it again from there): the run has nothing left to do and writes no row
+        rows = _rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
         del history[seen:]
         history += [r["eval_reward"] for r in rows if isinstance(r.get("eval_reward"), (int, float))
                     and r["timesteps"] > timesteps]
-        timesteps = rows[-1]["timesteps"]
+        timesteps = rows[-1]["timesteps"] if rows else timesteps
         window = history[-config["window"]:]
         score = sum(window) / len(window) if window else -math.inf
         with tempfile.TemporaryDirectory() as folder:
@@ -124,6 +126,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=3)
     parser.add_argument("--burn-in", type=int, default=0, help="env steps before a trial may be perturbed")
     parser.add_argument("--cpus", type=float, default=2, help="CPUs Ray may use")
+    parser.add_argument("--synch", action="store_true",
+                        help="Ray's synchronous PBT: every trial waits for the others at each perturbation interval")
     parser.add_argument("--set", action="append", default=[], help="a fixed override of the runs")
     parser.add_argument("--start", action="append", default=[], help="KEY=VALUE: a mutated setting's start")
     args = parser.parse_args()
@@ -139,7 +143,7 @@ def main() -> None:
     scheduler = PopulationBasedTraining(
         time_attr="timesteps", perturbation_interval=args.interval, burn_in_period=args.burn_in,
         quantile_fraction=args.quantile,
-        resample_probability=0.25, hyperparam_mutations={"settings": mutations}, synch=False,
+        resample_probability=0.25, hyperparam_mutations={"settings": mutations}, synch=args.synch,
         custom_explore_fn=_kept_in_ranges)
     random.seed(args.seed)  # Ray's PBT draws from Python's generator
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
