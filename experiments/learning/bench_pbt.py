@@ -7,6 +7,7 @@
   ``pbt-ready``: truncation with each member ranked as it stood at its own last ready point and copied only from
   one where it ranked on top (``hydra.sweeper.ranking=ready``, Ray Tune's rules); ``pbt-sync``: generational
   (``hydra.sweeper.synchronous=true``), every member waiting for the others at each ready point;
+  ``pbt-ttest-sync``: the t-test, generational;
 - (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
   ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
@@ -37,7 +38,7 @@ on the same machine compare (use a fresh --out on a new machine).
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
 --interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray; or pbt-ttest, pbt-ready, pbt-sync, ray-sync, preset), --eval-episodes (100), --ray-python (default: this
+--which (pbt independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, ray-sync, preset), --eval-episodes (100), --ray-python (default: this
 interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
 is the best by the ranking metric; N: the best mean return of each member's final policy over N other
 episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
@@ -211,8 +212,8 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "independent", "preset", "ray",
-                                 "ray-sync"])
+                        choices=["pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync", "independent",
+                                 "preset", "ray", "ray-sync"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
@@ -237,6 +238,7 @@ def main() -> None:
     kinds = {"pbt": run_pbt, "pbt-ttest": functools.partial(run_pbt, selection="ttest"),
              "pbt-ready": functools.partial(run_pbt, ranking="ready"),
              "pbt-sync": functools.partial(run_pbt, synchronous=True),
+             "pbt-ttest-sync": functools.partial(run_pbt, selection="ttest", synchronous=True),
              "independent": run_independent, "preset": functools.partial(run_independent, start=list),
              "ray": run_ray, "ray-sync": functools.partial(run_ray, synch=True)}
     if args.reselect:
@@ -292,7 +294,7 @@ def reselect(results: dict, args) -> None:
     if not args.final_episodes:
         raise SystemExit("--reselect names the best by --final-episodes episodes: give --final-episodes N")
     readers = {**{kind: lambda f: pbt_members(f, args.population)
-                  for kind in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync")},
+                  for kind in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")},
                "independent": lambda f: independent_members(f, args.population),
                "preset": lambda f: independent_members(f, args.population), "ray": ray_members,
                "ray-sync": ray_members}
@@ -327,7 +329,7 @@ def report(results: dict, args) -> None:
                   f"{r['best_member']} ({r['best_final']:.1f}); by the ranking metric: member {r['best_by_ranking']} "
                   f"({r['best_by_ranking_final']:.1f})" + (f"; the sweeper named member {r['sweeper_named']}"
                                                            if "sweeper_named" in r else ""))
-    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync")
+    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")
                        for k in ("independent", "ray", "ray-sync")]:
         pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]
