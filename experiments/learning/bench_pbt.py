@@ -36,16 +36,16 @@ on the same machine compare (use a fresh --out on a new machine).
     python experiments/learning/bench_pbt.py --out /tmp/pbt_smoke --member-steps 32768 --interval 16384 \\
         --seeds 0 --eval-episodes 2                                              # a smoke test
 
-Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates),
---interval (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs),
---which (pbt independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, ray-sync, preset), --eval-episodes (100), --ray-python (default: this
-interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0: each sweep's best member
-is the best by the ranking metric; N: the best mean return of each member's final policy over N other
-episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same selection
-made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
-``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start in
-place of the one above, for every sweep), --reselect (no sweep runs: the sweeps in
-OUT/results.json whose folders are still there get their best named again by --final-episodes).
+Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates), --interval
+(81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs), --which (pbt
+independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, ray-sync, preset), --eval-episodes (100),
+--ray-python (default: this interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0:
+each sweep's best member is the best by the ranking metric; N: the best mean return of each member's final policy
+over N other episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same
+selection made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
+``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start in place of
+the one above, for every sweep), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders are still
+there get their best named again by --final-episodes).
 """
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ EVAL_SEED = 10_000
 FINAL_SEED = 1_000_000  # the final selection's episodes: none of the scored ones
 WINDOW = 3
 QUANTILE = 0.25
+PBT_KINDS = ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")  # fiberrl's sweeper, as --which names it
 POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
 
 
@@ -293,8 +294,7 @@ def reselect(results: dict, args) -> None:
     episodes of every final policy; its wall time and its members' scores kept."""
     if not args.final_episodes:
         raise SystemExit("--reselect names the best by --final-episodes episodes: give --final-episodes N")
-    readers = {**{kind: lambda f: pbt_members(f, args.population)
-                  for kind in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")},
+    readers = {**{kind: lambda f: pbt_members(f, args.population) for kind in PBT_KINDS},
                "independent": lambda f: independent_members(f, args.population),
                "preset": lambda f: independent_members(f, args.population), "ray": ray_members,
                "ray-sync": ray_members}
@@ -329,8 +329,7 @@ def report(results: dict, args) -> None:
                   f"{r['best_member']} ({r['best_final']:.1f}); by the ranking metric: member {r['best_by_ranking']} "
                   f"({r['best_by_ranking_final']:.1f})" + (f"; the sweeper named member {r['sweeper_named']}"
                                                            if "sweeper_named" in r else ""))
-    for ours, kind in [(o, k) for o in ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")
-                       for k in ("independent", "ray", "ray-sync")]:
+    for ours, kind in [(o, k) for o in PBT_KINDS for k in ("independent", "ray", "ray-sync")]:
         pairs = [(results[f"{ours}/seed{s}"], results[f"{kind}/seed{s}"]) for s in args.seeds
                  if f"{ours}/seed{s}" in results and f"{kind}/seed{s}" in results]
         if pairs:
