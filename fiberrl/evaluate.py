@@ -84,8 +84,8 @@ def _checkpoint_of(run_dir: Path, iteration: int) -> Path:
         return found[iteration]
     held = ", ".join(map(str, found)) or "none"
     raise RunError(f"{run_dir} has no checkpoint of iteration {iteration} (it holds iterations: {held}; a run "
-                   f"writes one every algo.checkpoint_every iterations and keeps the last keep_checkpoints of them, 3 "
-                   f"by default, every one with keep_checkpoints=null)")
+                   f"writes one every algo.checkpoint_every iterations and keeps the last keep_checkpoints of them, "
+                   f"every one with keep_checkpoints=null)")
 
 
 def _policy_file(run_dir: Path, which: str) -> Path:
