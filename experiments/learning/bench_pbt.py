@@ -213,8 +213,7 @@ def main() -> None:
     parser.add_argument("--member-steps", type=int, default=491_520)
     parser.add_argument("--interval", type=int, default=81_920)
     parser.add_argument("--which", nargs="+", default=["pbt", "independent", "ray"],
-                        choices=["pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync", "independent",
-                                 "preset", "ray", "ray-sync"])
+                        choices=[*PBT_KINDS, "independent", "preset", "ray", "ray-sync"])
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--burn-in", type=int, default=0,
                         help="env steps before a member may copy another, in both PBTs (Ray's burn_in_period)")
