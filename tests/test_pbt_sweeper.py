@@ -541,6 +541,35 @@ def test_a_ttest_sweep_copies_only_where_its_recorded_values_pass_the_test(tmp_p
 
 
 @pytest.mark.slow
+def test_a_pb2_sweep_chooses_settings_by_its_bandit_within_its_radius_and_again_the_same(tmp_path):
+    from hydra_plugins.fiberrl_pbt.mutations import parse
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "hydra.sweeper.explore=pb2",
+            "hydra.sweeper.pb2_radius=0.3", "algo.iterations=8"]
+    code, out, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'a'}"])
+    assert code == 0, err
+    assert ("a copy's settings chosen by PB2's bandit within 0.3 of its donor's (perturbed until 3 segments have "
+            "ended from a score)") in out.splitlines()[0]
+    exploits = lineage(tmp_path / "a", "exploit")
+    chosen = [e for e in exploits if e["explored"] == "pb2"]
+    assert chosen, [e["explored"] for e in exploits]
+    spaces = {"algo.sigma": parse("algo.sigma", "tag(log, interval(0.002, 0.5))", 0, [0.8, 1.2], integer=False),
+              "algo.learning_rate": parse("algo.learning_rate", "tag(log, interval(1e-4, 0.2))", 0, [0.8, 1.2],
+                                          integer=False)}
+    for exploit in chosen:
+        assert exploit["pb2"]["observations"] >= 3 and {"mean", "std"} <= exploit["pb2"].keys()
+        # generational: the donor had ended its segment, and the checkpoint copied is that segment's last
+        donor = next(e for e in lineage(tmp_path / "a", "segment")
+                     if e["folder"] == str(Path(*Path(exploit["checkpoint"]).parts[:2])))
+        for key, space in spaces.items():  # 6 significant digits on the command line: a hair past the radius
+            assert abs(space.unit(exploit["new"][key]) - space.unit(donor["settings"][key])) <= 0.3 + 1e-5
+    code, _, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'b'}"])
+    assert code == 0, err
+    assert decisions(tmp_path / "a") == decisions(tmp_path / "b")
+    for member in range(3):
+        assert np.array_equal(last_theta(tmp_path / "a", member), last_theta(tmp_path / "b", member))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("selection", ["truncation", "ttest"])
 def test_a_damaged_checkpoint_is_replaced_by_a_top_members_copy(tmp_path, selection):
     sweep_dir = tmp_path / "sweep"
@@ -731,6 +760,11 @@ def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
     (["hydra.sweeper.final_episodes=-1"], "hydra.sweeper.final_episodes=-1: must be 0 (name the best member by"),
     (["hydra.sweeper.ranking=later"], "hydra.sweeper.ranking=later: must be now (the others as they are now) or "
                                       "ready"),
+    (["hydra.sweeper.explore=anneal"], "hydra.sweeper.explore=anneal: must be perturb (PBT's random perturbations) "
+                                       "or pb2"),
+    (["hydra.sweeper.explore=pb2", "hydra.sweeper.pb2_radius=0"], "hydra.sweeper.pb2_radius=0.0: must be in (0, 1]"),
+    (["hydra.sweeper.explore=pb2", "algo.sigma=choice(0.01,0.02)"],
+     "hydra.sweeper.explore=pb2 chooses values within intervals, and algo.sigma in {0.01, 0.02} holds none"),
     (["algo.sigma=interval(0.5,0.1)"], "algo.sigma=interval(0.5,0.1): an empty range"),
     (["algo.sigma=interval(-1,0.1)"], "reaches algo.sigma=-1.0, which no run takes"),
     (["algo.noise_size=interval(1,2)"], "algo.noise_size is not a setting algo=es lets a resume change"),

@@ -7,7 +7,8 @@
   ``pbt-ready``: truncation with each member ranked as it stood at its own last ready point and copied only from
   one where it ranked on top (``hydra.sweeper.ranking=ready``, Ray Tune's rules); ``pbt-sync``: generational
   (``hydra.sweeper.synchronous=true``), every member waiting for the others at each ready point;
-  ``pbt-ttest-sync``: the t-test, generational;
+  ``pbt-ttest-sync``: the t-test, generational; ``pbt-pb2``, ``pbt-pb2-sync``: truncation with each copy's settings
+  chosen by PB2's Gaussian-process bandit (``hydra.sweeper.explore=pb2``), asynchronous and generational;
 - (b) ``independent``: the same members (seeds, starting values) trained independently, a plain
   ``-m`` sweep of the ``hydra/launcher=fiberrl`` launcher;
 - (c) ``ray``: Ray Tune's ``PopulationBasedTraining`` driving the same fiberrl PPO as a function
@@ -38,7 +39,7 @@ on the same machine compare (use a fresh --out on a new machine).
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates), --interval
 (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs), --which (pbt
-independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, ray-sync, preset), --eval-episodes (100),
+independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, pbt-pb2, pbt-pb2-sync, ray-sync, preset), --eval-episodes (100),
 --ray-python (default: this interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0:
 each sweep's best member is the best by the ranking metric; N: the best mean return of each member's final policy
 over N other episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same
@@ -68,7 +69,7 @@ EVAL_SEED = 10_000
 FINAL_SEED = 1_000_000  # the final selection's episodes: none of the scored ones
 WINDOW = 3
 QUANTILE = 0.25
-PBT_KINDS = ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync")  # fiberrl's sweeper, as --which names it
+PBT_KINDS = ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync", "pbt-pb2", "pbt-pb2-sync")  # fiberrl's sweeper, as --which names it
 POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
 
 
@@ -96,13 +97,14 @@ def set_poor(starts: list[str]) -> None:
 
 
 def run_pbt(args, seed: int, folder: Path, selection: str = "truncation", ranking: str = "now",
-            synchronous: bool = False) -> tuple[list[tuple[Path, float]], float]:
+            synchronous: bool = False, explore: str = "perturb") -> tuple[list[tuple[Path, float]], float]:
     command = [sys.executable, "-m", "fiberrl", "-m", "hydra/sweeper=pbt", *fixed(args), *poor(),
                f"seed={100 * seed}", f"hydra.sweeper.population={args.population}",
                f"hydra.sweeper.interval={args.interval}", f"hydra.sweeper.window={WINDOW}",
                f"hydra.sweeper.quantile={QUANTILE}", f"hydra.sweeper.seed={seed}", f"hydra.sweep.dir={folder}",
                f"hydra.sweeper.burn_in={args.burn_in}", f"hydra.sweeper.selection={selection}",
                f"hydra.sweeper.ranking={ranking}", f"hydra.sweeper.synchronous={str(synchronous).lower()}",
+               f"hydra.sweeper.explore={explore}",
                f"hydra.launcher.runs_at_once={args.population}", "hydra.launcher.table=plain"]
     if args.final_episodes:
         command += [f"hydra.sweeper.final_episodes={args.final_episodes}", f"hydra.sweeper.final_seed={FINAL_SEED}"]
@@ -239,6 +241,8 @@ def main() -> None:
              "pbt-ready": functools.partial(run_pbt, ranking="ready"),
              "pbt-sync": functools.partial(run_pbt, synchronous=True),
              "pbt-ttest-sync": functools.partial(run_pbt, selection="ttest", synchronous=True),
+             "pbt-pb2": functools.partial(run_pbt, explore="pb2"),
+             "pbt-pb2-sync": functools.partial(run_pbt, synchronous=True, explore="pb2"),
              "independent": run_independent, "preset": functools.partial(run_independent, start=list),
              "ray": run_ray, "ray-sync": functools.partial(run_ray, synch=True)}
     if args.reselect:

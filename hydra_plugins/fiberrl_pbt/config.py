@@ -33,6 +33,13 @@ class PBTSweeperConf:
     # factors: [..]}; a sweep override on the command line (algo.clip_coef='interval(0.1,0.3)') is one too.
     # None of either: the algorithm's usual set (fiberrl.algorithm.Algorithm.mutations)
     params: Dict[str, Any] = field(default_factory=dict)
+    # how a copy's settings are explored: "perturb", its donor's perturbed or resampled (Jaderberg et al.'s, Ray Tune's
+    # PopulationBasedTraining); "pb2", the intervals' chosen where a Gaussian process fitted to every segment so far
+    # expects the most improvement (Parker-Holder et al.'s PB2; choices are still perturbed)
+    explore: str = "perturb"
+    # with explore=pb2: how far from the donor's settings, as a share of each space (log-scaled where it is), the
+    # process looks; 1: the whole space, as PB2 does
+    pb2_radius: float = 0.25
     resample_probability: float = 0.25  # an explored setting is resampled from its space, else perturbed
     perturb_factors: List[float] = field(default_factory=lambda: [0.8, 1.2])
     sample_initial: bool = False      # members start at values sampled from the spaces, not the config's

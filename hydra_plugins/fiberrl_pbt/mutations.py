@@ -61,6 +61,21 @@ class Mutation:
             return self.sample(rng)
         return next((new for f, new in moves if f == self.factors[drawn]), moves[drawn % len(moves)][1])
 
+    def unit(self, value) -> float:
+        """An interval's ``value`` as a share of its space, in [0, 1]: of its logarithms where the space is log-scaled
+        (what PB2's process compares)."""
+        if self.log:
+            share = (math.log(max(value, self.low)) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
+        else:
+            share = (value - self.low) / (self.high - self.low)
+        return min(max(share, 0.0), 1.0)
+
+    def from_unit(self, share: float):
+        """The value at ``share`` of an interval's space: ``unit`` undone, kept in the space as ``fit`` keeps it."""
+        if self.log:
+            return self.fit(math.exp(math.log(self.low) + share * (math.log(self.high) - math.log(self.low))))
+        return self.fit(self.low + share * (self.high - self.low))
+
     def _perturbed(self, value, factor: float):
         new = value * factor
         if self.integer and round(new) == value and factor != 1:  # 2 x 1.2 rounds back to 2: step by one

@@ -7,7 +7,8 @@ a top-quantile member's newest (weights, optimizer, normalisers, env states, cou
 restores) with that member's settings explored (perturbed or resampled). With ``selection=ttest`` it copies
 instead another member drawn at random whose last values Welch's t-test finds better than its own. With
 ``ranking=ready`` each member is ranked as it stood at its own last ready point, and copied only from one at
-which it ranked on top (Ray Tune's rules). Each
+which it ranked on top (Ray Tune's rules). With ``explore=pb2`` a copy's settings are chosen by PB2's Gaussian-process
+bandit (``bandit.py``) instead of perturbed at random. Each
 stretch a member runs between ready points is a segment: a Hydra job of the launcher (``hydra/launcher=fiberrl``)
 in ``member_<m>/segment_<s>`` of the sweep's folder, which goes on from the checkpoint copied into it.
 
@@ -40,6 +41,7 @@ from fiberrl.run import CHECKPOINT, DamagedFile, atomic_write, load_npz, metrics
 
 from ..fiberrl_launcher.launcher import FiberrlLauncher, SweepError
 from ..fiberrl_launcher.run_in_job import RETURN_FILE
+from .bandit import MIN_OBSERVATIONS, Observation, suggest
 from .mutations import Mutation, MutationError, parse
 from .population import Member, Segment, choose_donor, choose_donor_by_ttest, quantile_size, ranking
 
@@ -56,10 +58,11 @@ class PBTSweeper(Sweeper):
                  quantile: float, params: Any, resample_probability: float, perturb_factors: Any,
                  sample_initial: bool, synchronous: bool, seed: Optional[int], selection: str = "truncation",
                  significance: float = 0.05, final_episodes: int = 0, final_seed: int = 1_000_000,
-                 ranking: str = "now") -> None:
+                 ranking: str = "now", explore: str = "perturb", pb2_radius: float = 0.25) -> None:
         self.population, self.interval, self.burn_in = population, interval, burn_in
         self.metric, self.mode, self.window, self.quantile = metric, mode, window, quantile
         self.selection, self.significance, self.ranking = selection, significance, ranking
+        self.explore, self.pb2_radius = explore, pb2_radius
         self.final_episodes, self.final_seed = final_episodes, final_seed
         self.params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params or {})
         self.resample_probability, self.perturb_factors = resample_probability, list(perturb_factors)
@@ -234,7 +237,7 @@ class PBTSweeper(Sweeper):
         settings = dict(source.settings)
         events = []
         if donor is not None:
-            settings = {m.key: m.explore(settings[m.key], rng) for m in self.mutations}
+            settings, chosen = self._explore(member, source, rng)
             if damaged:
                 print(f"pbt: member {member.index}'s checkpoint is damaged ({damaged}); it goes on from a copy of "
                       f"member {donor}'s", flush=True)
@@ -243,6 +246,8 @@ class PBTSweeper(Sweeper):
                            "from": donor, "to": member.index, "from_score": self._donor_score(source, p_value),
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None,
+                           **({"explored": "pb2" if chosen else "perturbed", **({"pb2": chosen} if chosen else {})}
+                              if self.explore == "pb2" else {}),
                            # what the t-test compared: the donor's values up to the point copied, and its own
                            **({"p_value": p_value, "from_values": source.history,
                                "to_values": standings[member.index].history} if p_value is not None else {})})
@@ -255,6 +260,42 @@ class PBTSweeper(Sweeper):
         member.segments.append(segment)
         self._record(*events, {"event": "segment", **self._segment_record(segment)})
         self._launch(segment)
+
+    def _explore(self, member: Member, source, rng) -> tuple[dict, Optional[dict]]:
+        """The donor's settings explored: each perturbed or resampled; with ``explore=pb2``, the intervals' chosen by
+        PB2's process from every segment ended so far (the choices' perturbed), or all perturbed while too few have
+        ended. Returns them and what the process said of its choice (None: it did not choose)."""
+        settings = dict(source.settings)
+        intervals = [m for m in self.mutations if not m.choices]
+        if self.explore == "pb2" and source.history:
+            running = [tuple(m.unit(other.current.settings[m.key]) for m in intervals) for other in self.members
+                       if other.index != member.index and other.segments and other.current.state == "running"]
+            found = suggest(self._observations(intervals), source.timesteps + self.interval,
+                            sum(source.history) / len(source.history), running,
+                            tuple(m.unit(settings[m.key]) for m in intervals), self.pb2_radius, rng)
+            if found is not None:
+                shares, said = found
+                chosen = {m.key: m.from_unit(float(share)) for m, share in zip(intervals, shares)}
+                return {m.key: chosen[m.key] if m.key in chosen else m.explore(settings[m.key], rng)
+                        for m in self.mutations}, said
+        return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, None
+
+    def _observations(self, intervals: list[Mutation]) -> list[Observation]:
+        """PB2's data: each ended segment that began from a score, with the change of its score per env step (the
+        better, the larger)."""
+        sign = 1.0 if self.mode == "max" else -1.0
+        found = []
+        for member in self.members:
+            for segment in member.segments:
+                if segment.state != "ended" or not segment.carried or not segment.values or \
+                        not segment.timesteps or segment.timesteps <= segment.start_timesteps:
+                    continue
+                carried = segment.carried[-self.window:]
+                before = sum(carried) / len(carried)
+                change = sign * (segment.score(self.window) - before) / (segment.timesteps - segment.start_timesteps)
+                found.append(Observation(segment.timesteps, before,
+                                         tuple(m.unit(segment.settings[m.key]) for m in intervals), change))
+        return found
 
     @staticmethod
     def _donor_score(source, p_value: Optional[float]) -> Optional[float]:
@@ -312,6 +353,10 @@ class PBTSweeper(Sweeper):
         if self.defaults:
             specs = {f"algo.{name}": space for name, space in record.mutations.items()}
         self.mutations = [self._mutation(key, spec, base) for key, spec in specs.items()]
+        if self.explore == "pb2" and all(m.choices for m in self.mutations):
+            raise PBTError(f"hydra.sweeper.explore=pb2 chooses values within intervals, and "
+                           f"{', '.join(m.describe() for m in self.mutations)} holds none; give an interval(...) or "
+                           f"explore=perturb")
         self.start = {m.key: OmegaConf.select(base, m.key) for m in self.mutations}
         if self.metric not in LOOP_METRICS | record.metrics:
             raise PBTError(f"hydra.sweeper.metric={self.metric}: algo={record.name} does not write it; it writes "
@@ -344,6 +389,10 @@ class PBTSweeper(Sweeper):
                ("selection", self.selection, self.selection in ("truncation", "ttest"), "truncation or ttest"),
                ("ranking", self.ranking, self.ranking in ("now", "ready"), "now (the others as they are now) or "
                                                                            "ready (as at their own ready points)"),
+               ("explore", self.explore, self.explore in ("perturb", "pb2"), "perturb (PBT's random perturbations) "
+                                                                             "or pb2 (PB2's Gaussian-process bandit)"),
+               ("pb2_radius", self.pb2_radius, 0 < self.pb2_radius <= 1, "in (0, 1]: how far, as a share of each "
+                                                                          "space, PB2 looks from the donor's settings"),
                ("significance", self.significance, 0 < self.significance < 1, "in (0, 1): the p-value below "
                                                                                "which a t-test copies"),
                ("final_episodes", self.final_episodes, self.final_episodes >= 0,
@@ -386,6 +435,8 @@ class PBTSweeper(Sweeper):
                 f"mutating {', '.join(m.describe() for m in self.mutations)}{usual}"
                 + (f"; the best named by {self.final_episodes} episodes of each final policy"
                    if self.final_episodes else "")
+                + (f"; a copy's settings chosen by PB2's bandit within {self.pb2_radius:g} of its donor's (perturbed "
+                   f"until {MIN_OBSERVATIONS} segments have ended from a score)" if self.explore == "pb2" else "")
                 + f"; lineage in {self.sweep_dir / LINEAGE}" + (" (resumed)" if resumed else ""))
 
     # --- the lineage file -------------------------------------------------------------------------
@@ -397,7 +448,8 @@ class PBTSweeper(Sweeper):
                 # only when not the default, so that a sweep begun before t-test selection existed resumes
                 **({"selection": self.selection, "significance": self.significance}
                    if self.selection != "truncation" else {}),
-                **({"ranking": self.ranking} if self.ranking != "now" else {})}
+                **({"ranking": self.ranking} if self.ranking != "now" else {}),
+                **({"explore": self.explore, "pb2_radius": self.pb2_radius} if self.explore != "perturb" else {})}
 
     def _replay(self) -> bool:
         """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
