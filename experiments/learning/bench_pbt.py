@@ -39,11 +39,11 @@ on the same machine compare (use a fresh --out on a new machine).
 
 Flags: --seeds (default 0 1), --population (4), --member-steps (491,520 env steps each: 60 updates), --interval
 (81,920 = 10 updates), --burn-in (0: env steps before a member may copy another, in both PBTs), --which (pbt
-independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, pbt-pb2, pbt-pb2-sync, ray-sync, preset), --eval-episodes (100),
---ray-python (default: this interpreter; without Ray the peer is skipped with the reason), --final-episodes N (0:
-each sweep's best member is the best by the ranking metric; N: the best mean return of each member's final policy
-over N other episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``, and the same
-selection made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
+independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, pbt-pb2, pbt-pb2-sync, ray-sync, preset),
+--eval-episodes (100), --ray-python (default: this interpreter; without Ray the peer is skipped with the reason),
+--final-episodes N (0: each sweep's best member is the best by the ranking metric; N: the best mean return of each
+member's final policy over N other episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``,
+and the same selection made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every sweep, e.g.
 ``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start in place of
 the one above, for every sweep), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders are still
 there get their best named again by --final-episodes).
@@ -69,7 +69,8 @@ EVAL_SEED = 10_000
 FINAL_SEED = 1_000_000  # the final selection's episodes: none of the scored ones
 WINDOW = 3
 QUANTILE = 0.25
-PBT_KINDS = ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync", "pbt-pb2", "pbt-pb2-sync")  # fiberrl's sweeper, as --which names it
+# fiberrl's sweeper, as --which names it
+PBT_KINDS = ("pbt", "pbt-ttest", "pbt-ready", "pbt-sync", "pbt-ttest-sync", "pbt-pb2", "pbt-pb2-sync")
 POOR = {"algo.learning_rate": 3e-3, "algo.ent_coef": 0.02, "algo.clip_coef": 0.4, "algo.gae_lambda": 0.8}
 
 

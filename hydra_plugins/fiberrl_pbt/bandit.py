@@ -13,8 +13,8 @@ together spread out. The bound is maximised within ``radius`` (a share of each s
 settings, as BG-PBT (Wan et al. 2022, arXiv:2207.09405) keeps its search in a trust region: where the
 process knows little, the bound is highest far from every observation, and members that all began at one
 point would send each copy to the space's opposite corner (a learning rate of 1e-5 and the largest entropy
-bonus, seen on PPO); ``radius=1`` searches the whole space, as PB2 does. Every random draw comes from the generator the caller passes: a generational sweep
-chooses the same settings again.
+bonus, seen on PPO); ``radius=1`` searches the whole space, as PB2 does. Every random draw comes from the
+generator the caller passes: a generational sweep chooses the same settings again.
 
 A population of 4 to 8 is where the authors measured PB2 ahead of PBT's random perturbations, whose few
 members cannot cover a space by chance."""
@@ -123,7 +123,8 @@ def _fit(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     starts = [np.log([1.0, 1.0, 0.1, 0.1])] + [rng.uniform(BOUNDS[:, 0], BOUNDS[:, 1]) for _ in range(2)]
     best, best_value = starts[0], math.inf
     for start in starts:
-        found = minimize(negative_log_likelihood, start, args=(x, y), method="L-BFGS-B", bounds=list(map(tuple, BOUNDS)))
+        found = minimize(negative_log_likelihood, start, args=(x, y), method="L-BFGS-B",
+                         bounds=list(map(tuple, BOUNDS)))
         if found.fun < best_value:
             best, best_value = found.x, found.fun
     return best
