@@ -640,6 +640,33 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
             assert went_on["ranked_top"] and ready["member"] == exploit["from"]
 
 
+@pytest.mark.slow
+def test_a_generational_sweep_stopped_between_two_decisions_decides_the_rest_as_it_would_have(tmp_path):
+    """Stopped after one member's decision at a ready point and before another's, a generational sweep run again
+    decides the others against that generation as it ended, not a generation later: its lineage and parameters are
+    the uninterrupted sweep's."""
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "algo.iterations=8"]
+    code, _, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'a'}"])
+    assert code == 0, err
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    events = lineage(tmp_path / "b")
+    begun = [i for i, e in enumerate(events) if e["event"] == "segment" and e["segment"] >= 1]
+    cut = next(i for i, j in zip(begun, begun[1:]) if events[i]["segment"] == events[j]["segment"])
+    kept = events[:cut + 1]
+    (tmp_path / "b" / "pbt.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    for member in range(3):  # the decided member's segment ran on while the sweep was stopped; nothing after it
+        last = max(e["segment"] for e in kept if e["event"] == "segment" and e["member"] == member)
+        for later in sorted((tmp_path / "b" / f"member_{member}").glob("segment_*"))[last + 1:]:
+            shutil.rmtree(later)
+
+    code, out, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'b'}"])
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("(resumed)")
+    assert decisions(tmp_path / "a") == decisions(tmp_path / "b")
+    for member in range(3):
+        assert np.array_equal(last_theta(tmp_path / "a", member), last_theta(tmp_path / "b", member))
+
+
 def _stopped_once_every_first_segment_began(args, sweep_dir) -> list[dict]:
     """Run the sweep of ``args``, then leave it as it stands when it is stopped once every member's first segment
     has begun and none is taken as ended, their jobs done: the lineage cut there (returned) and the later

@@ -105,6 +105,8 @@ class PBTSweeper(Sweeper):
             ends = [(_ended_at(run), segment, run) for segment, run in done_while_stopped]
             for ended_at, segment, run in sorted(ends, key=lambda end: (end[0] or 0, end[1].member)):
                 self._ended(segment, run, as_of=ended_at)
+            if self.synchronous:
+                self._finish_generation()
             self._run()
         finally:
             self.launcher.close()
@@ -123,6 +125,22 @@ class PBTSweeper(Sweeper):
                 return
             for run in self.launcher.poll():
                 self._ended(self._pending.pop(id(run)), run)
+
+    def _finish_generation(self) -> None:
+        """A generational sweep stopped between two members' decisions at one ready point: those not yet decided
+        decide now, against the generation as it ended (each member's segment that ended there), in member order,
+        as the sweep running went on to do; left to the next generation they would decide a generation late."""
+        waiting = [m for m in self.members if m.segments and m.current.state == "ended" and m.current.paused]
+        if not waiting:
+            return
+        ready = min(m.current.index for m in waiting)
+        if not any(m.segments and m.current.index > ready for m in self.members):
+            return  # no member decided yet at this ready point: the generation is decided whole in _run
+        generation = {m.index: Member(m.index, m.segments[:ready + 1]).standing(self.window)
+                      for m in self.members if m.segments}
+        for member in waiting:
+            if member.current.index == ready:  # one that decided there may have ended its next segment already
+                self._go_on(member, generation)
 
     def _begin(self, member: Member) -> None:
         rng = self._rng(member.index, 0)
