@@ -641,17 +641,21 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
 
 
 @pytest.mark.slow
-def test_a_generational_sweep_stopped_between_two_decisions_decides_the_rest_as_it_would_have(tmp_path):
+@pytest.mark.parametrize("explore", ["perturb", "pb2"])
+def test_a_generational_sweep_stopped_between_two_decisions_decides_the_rest_as_it_would_have(tmp_path, explore):
     """Stopped after one member's decision at a ready point and before another's, a generational sweep run again
-    decides the others against that generation as it ended, not a generation later: its lineage and parameters are
-    the uninterrupted sweep's."""
-    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "algo.iterations=8"]
+    decides the others against that generation as it ended, not a generation later (with PB2, beside the settings
+    the decided member goes on with, though its segment ended while the sweep was stopped): its lineage and
+    parameters are the uninterrupted sweep's."""
+    args = [*ES, *SMALL_POPULATION, "hydra.sweeper.synchronous=true", "algo.iterations=8",
+            f"hydra.sweeper.explore={explore}"]
     code, _, err = sweep([*args, f"hydra.sweep.dir={tmp_path / 'a'}"])
     assert code == 0, err
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     events = lineage(tmp_path / "b")
     begun = [i for i, e in enumerate(events) if e["event"] == "segment" and e["segment"] >= 1]
-    cut = next(i for i, j in zip(begun, begun[1:]) if events[i]["segment"] == events[j]["segment"])
+    # the last ready point with two decisions: a PB2 decision there has observations to choose by
+    cut = [i for i, j in zip(begun, begun[1:]) if events[i]["segment"] == events[j]["segment"]][-1]
     kept = events[:cut + 1]
     (tmp_path / "b" / "pbt.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
     for member in range(3):  # the decided member's segment ran on while the sweep was stopped; nothing after it
@@ -665,6 +669,8 @@ def test_a_generational_sweep_stopped_between_two_decisions_decides_the_rest_as_
     assert decisions(tmp_path / "a") == decisions(tmp_path / "b")
     for member in range(3):
         assert np.array_equal(last_theta(tmp_path / "a", member), last_theta(tmp_path / "b", member))
+    if explore == "pb2":
+        assert any(e.get("explored") == "pb2" for e in lineage(tmp_path / "b", "exploit")[-2:])
 
 
 def _stopped_once_every_first_segment_began(args, sweep_dir) -> list[dict]:

@@ -136,11 +136,12 @@ class PBTSweeper(Sweeper):
         ready = min(m.current.index for m in waiting)
         if not any(m.segments and m.current.index > ready for m in self.members):
             return  # no member decided yet at this ready point: the generation is decided whole in _run
-        generation = {m.index: Member(m.index, m.segments[:ready + 1]).standing(self.window)
-                      for m in self.members if m.segments}
+        then = [Member(m.index, m.segments[:ready + 1]) for m in self.members if m.segments]
+        generation = {m.index: m.standing(self.window) for m in then}
+        finished = frozenset(m.index for m in then if m.finished)  # not those that finished while it was stopped
         for member in waiting:
             if member.current.index == ready:  # one that decided there may have ended its next segment already
-                self._go_on(member, generation)
+                self._go_on(member, generation, finished=finished)
 
     def _begin(self, member: Member) -> None:
         rng = self._rng(member.index, 0)
@@ -190,10 +191,12 @@ class PBTSweeper(Sweeper):
         elif not self.synchronous:
             self._go_on(member, as_of=as_of)
 
-    def _go_on(self, member: Member, standings: Optional[dict] = None, as_of: Optional[int] = None) -> None:
+    def _go_on(self, member: Member, standings: Optional[dict] = None, as_of: Optional[int] = None,
+               finished: Optional[frozenset] = None) -> None:
         """A ready member's next segment: from its own checkpoint, or a top member's, explored. Ranked
         against ``standings`` (a generation's, taken before its decisions), or the population as it is now
-        (as it stood at ``as_of``, ns since the epoch, when given)."""
+        (as it stood at ``as_of``, ns since the epoch, when given); ``finished``: the members that had finished
+        then (None: those that have now)."""
         current = member.current
         rng = self._rng(member.index, current.index + 1)
         damaged = self._damage(current)
@@ -205,7 +208,7 @@ class PBTSweeper(Sweeper):
         if not damaged:
             # a member that has finished is not copied: its last checkpoint leaves the copy no env steps to explore
             # in, and would only stand in the population as a second copy of it (Ray Tune's PBT drops them too)
-            passed_over = {m.index for m in self.members if m.finished}
+            passed_over = set(finished if finished is not None else (m.index for m in self.members if m.finished))
             if not rays_rules:
                 # a member copies only a point past where its own segment began: each exploit moves it forward,
                 # so two members cannot copy each other's last ready points back and forth for ever. Under Ray's
@@ -286,9 +289,15 @@ class PBTSweeper(Sweeper):
         settings = dict(source.settings)
         intervals = [m for m in self.mutations if not m.choices]
         if self.explore == "pb2" and source.history:
+            # the settings others go on with: generational, those decided at this ready point (begun, or ended while
+            # a stopped sweep was away); asynchronous, those running
             running = [tuple(m.unit(other.current.settings[m.key]) for m in intervals) for other in self.members
-                       if other.index != member.index and other.segments and other.current.state == "running"]
-            found = suggest(self._observations(intervals), source.timesteps + self.interval,
+                       if other.index != member.index and other.segments and
+                       (other.current.index > member.current.index if self.synchronous
+                        else other.current.state == "running")]
+            # generational: the segments of this ready point and before (not those a stopped sweep's jobs ended since)
+            seen = self._observations(intervals, member.current.index if self.synchronous else None)
+            found = suggest(seen, source.timesteps + self.interval,
                             sum(source.history) / len(source.history), running,
                             tuple(m.unit(settings[m.key]) for m in intervals), self.pb2_radius, rng)
             if found is not None:
@@ -298,13 +307,13 @@ class PBTSweeper(Sweeper):
                         for m in self.mutations}, said
         return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, None
 
-    def _observations(self, intervals: list[Mutation]) -> list[Observation]:
-        """PB2's data: each ended segment that began from a score, with the change of its score per env step (the
-        better, the larger)."""
+    def _observations(self, intervals: list[Mutation], up_to: Optional[int] = None) -> list[Observation]:
+        """PB2's data: each ended segment (up to each member's ``up_to``-th) that began from a score, with the change
+        of its score per env step (the better, the larger)."""
         sign = 1.0 if self.mode == "max" else -1.0
         found = []
         for member in self.members:
-            for segment in member.segments:
+            for segment in member.segments[:None if up_to is None else up_to + 1]:
                 if segment.state != "ended" or not segment.carried or not segment.values or \
                         not segment.timesteps or segment.timesteps <= segment.start_timesteps:
                     continue
