@@ -16,8 +16,9 @@ point would send each copy to the space's opposite corner (a learning rate of 1e
 bonus, seen on PPO); ``radius=1`` searches the whole space, as PB2 does. Every random draw comes from the
 generator the caller passes: a generational sweep chooses the same settings again.
 
-A population of 4 to 8 is where the authors measured PB2 ahead of PBT's random perturbations, whose few
-members cannot cover a space by chance."""
+Its authors built it for small populations, whose few members cannot cover a space by chance. It wants
+observations spread over the space: from one poor start for every member, PPO on BipedalWalker did far worse
+under it than under random perturbations (docs/benchmarks.md, "PB2's explore")."""
 
 import math
 from dataclasses import dataclass
@@ -46,8 +47,8 @@ def suggest(observations: list[Observation], timesteps: float, before: float, ru
     """The settings in [0, 1] (one per dimension of the observations' ``unit``), within ``radius`` of ``around``
     (the donor's), with the highest upper confidence bound of the change from score ``before`` in a segment
     ending at ``timesteps``, given the settings other members run with now (``running``), and what the process
-    said of them (``observations``, its predicted
-    ``mean`` and ``std`` of the standardised change); None with too few observations, or all alike."""
+    said of them (``observations``, its predicted ``mean`` and ``std`` of the standardised change); None with too
+    few observations, or all alike."""
     if len(observations) < MIN_OBSERVATIONS:
         return None
     fixed = np.array([[o.timesteps, o.before] for o in observations], dtype=float)
@@ -61,9 +62,12 @@ def suggest(observations: list[Observation], timesteps: float, before: float, ru
     theta = _fit(x, y, rng)
     at = (np.array([timesteps, before]) - low) / span
     pending = np.array([np.concatenate([at, u]) for u in running], dtype=float).reshape(-1, x.shape[1])
-    model = _Posterior(x, y, theta)
-    widths = _Posterior(np.vstack([x, pending]), np.concatenate([y, np.zeros(len(pending))]), theta) \
-        if len(pending) else model
+    try:
+        model = _Posterior(x, y, theta)
+        widths = _Posterior(np.vstack([x, pending]), np.concatenate([y, np.zeros(len(pending))]), theta) \
+            if len(pending) else model
+    except np.linalg.LinAlgError:  # not positive definite even with the fitted noise: perturbed instead
+        return None
     kappa = math.sqrt(0.2 + max(0.0, math.log(0.4 * len(x))))  # GP-UCB's beta_t as PB2 sets it
 
     def negative_bound(u):
@@ -72,13 +76,13 @@ def suggest(observations: list[Observation], timesteps: float, before: float, ru
 
     from scipy.optimize import minimize  # only a sweep that explores by PB2 needs it
     centre = np.asarray(around, dtype=float)
-    low, high = np.clip(centre - radius, 0.0, 1.0), np.clip(centre + radius, 0.0, 1.0)
+    floor, ceiling = np.clip(centre - radius, 0.0, 1.0), np.clip(centre + radius, 0.0, 1.0)
     best, best_value = None, math.inf
     for _ in range(STARTS):
-        found = minimize(negative_bound, rng.uniform(low, high), method="L-BFGS-B", bounds=list(zip(low, high)),
-                         options={"maxiter": 200})
+        found = minimize(negative_bound, rng.uniform(floor, ceiling), method="L-BFGS-B",
+                         bounds=list(zip(floor, ceiling)), options={"maxiter": 200})
         if found.fun < best_value:
-            best, best_value = np.clip(found.x, low, high), found.fun
+            best, best_value = np.clip(found.x, floor, ceiling), found.fun
     point = np.concatenate([at, best])[None, :]
     return best, {"observations": len(observations), "mean": float(model.mean(point)[0]),
                   "std": float(model.std(point)[0])}
