@@ -111,13 +111,12 @@ class _Posterior:
 
 
 def negative_log_likelihood(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
-    variance, lengthscale, epsilon, noise = np.exp(theta)
     try:
-        factor = np.linalg.cholesky(kernel(x, x, variance, lengthscale, epsilon) + (noise + 1e-8) * np.eye(len(x)))
+        posterior = _Posterior(x, y, theta)
     except np.linalg.LinAlgError:
         return 1e10
-    alpha = np.linalg.solve(factor.T, np.linalg.solve(factor, y))
-    return float(0.5 * y @ alpha + np.log(np.diag(factor)).sum() + 0.5 * len(x) * math.log(2 * math.pi))
+    return float(0.5 * y @ posterior.alpha + np.log(np.diag(posterior.factor)).sum()
+                 + 0.5 * len(x) * math.log(2 * math.pi))
 
 
 def _fit(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
