@@ -53,6 +53,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -165,9 +167,16 @@ def _timed(command: list[str], log: Path) -> float:
     log.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     with open(log, "a") as fh:
-        done = subprocess.run(command, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:6])}... failed (exit {done.returncode}); its output: {log}")
+        # a group of its own, so that a bench stopped mid-sweep stops the sweep too (Ray's daemons included)
+        sweep = subprocess.Popen(command, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = sweep.wait()
+        finally:
+            if sweep.poll() is None:
+                os.killpg(sweep.pid, signal.SIGTERM)
+                sweep.wait()
+    if returncode != 0:
+        raise SystemExit(f"{' '.join(command[:6])}... failed (exit {returncode}); its output: {log}")
     return time.perf_counter() - began
 
 
@@ -209,6 +218,7 @@ def evaluate_members(members: list[tuple[Path, float]], episodes: int, final_epi
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds, so the running sweep is ended
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
