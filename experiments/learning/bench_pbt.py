@@ -44,9 +44,10 @@ independent ray; or pbt-ttest, pbt-ready, pbt-sync, pbt-ttest-sync, pbt-pb2, pbt
 --final-episodes N (0: each sweep's best member is the best by the ranking metric; N: the best mean return of each
 member's final policy over N other episodes, seeded 1,000,000 + i: the PBT sweeper's ``hydra.sweeper.final_episodes``,
 and the same selection made here for the other sweeps), --set KEY=VALUE (a setting added to every member of every
-sweep, e.g. ``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start in place of
-the one above, for every sweep), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders are still
-there get their best named again by --final-episodes).
+sweep, e.g. ``algo.anneal_lr=false``: a constant learning rate), --start KEY=VALUE (a mutated setting's poor start
+in place of the one above, for every sweep), --reselect (no sweep runs: the sweeps in OUT/results.json whose folders
+are still there get their best named again by --final-episodes). Stopped (SIGTERM, Ctrl-C), it ends the sweep it
+was running.
 """
 from __future__ import annotations
 
