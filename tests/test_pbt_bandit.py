@@ -49,11 +49,23 @@ def test_the_choice_keeps_within_its_radius_of_the_donors_settings():
     assert chosen[0] == pytest.approx(0.7, abs=0.02), chosen
 
 
-def test_too_few_or_alike_observations_choose_nothing():
+def test_too_few_or_alike_observations_choose_nothing_and_say_why():
     seen = observations()
-    assert suggest(seen[:MIN_OBSERVATIONS - 1], 9000, 0.0, [], (0.5, 0.5), 1.0, np.random.default_rng(0)) is None
+    assert suggest(seen[:MIN_OBSERVATIONS - 1], 9000, 0.0, [], (0.5, 0.5), 1.0, np.random.default_rng(0)) == \
+        (None, {"observations": 2, "fallback": "2 segments ended, fewer than 3"})
     flat = [Observation(o.timesteps, o.before, o.unit, 0.25) for o in seen]
-    assert suggest(flat, 9000, 0.0, [], (0.5, 0.5), 1.0, np.random.default_rng(0)) is None
+    assert suggest(flat, 9000, 0.0, [], (0.5, 0.5), 1.0, np.random.default_rng(0)) == \
+        (None, {"observations": 32, "fallback": "every segment's score changed alike"})
+
+
+def test_a_kernel_matrix_that_will_not_factor_chooses_nothing_and_says_why(monkeypatch):
+    # the fitted noise keeps the matrix positive definite for any observations a sweep records, so the failure of
+    # the factorisation is injected: numpy's own LinAlgError, raised where numpy raises it
+    def fails(matrix):
+        raise np.linalg.LinAlgError("Matrix is not positive definite")
+    monkeypatch.setattr(np.linalg, "cholesky", fails)
+    assert suggest(observations(), 9000, 0.0, [], (0.5, 0.5), 1.0, np.random.default_rng(0)) == \
+        (None, {"observations": 32, "fallback": "the kernel matrix was not positive definite"})
 
 
 def test_the_fit_prefers_the_noise_the_data_has():

@@ -552,6 +552,10 @@ def test_a_pb2_sweep_chooses_settings_by_its_bandit_within_its_radius_and_again_
     exploits = lineage(tmp_path / "a", "exploit")
     chosen = [e for e in exploits if e["explored"] == "pb2"]
     assert chosen, [e["explored"] for e in exploits]
+    # the first ready point has too few segments ended to fit a process: perturbed, and said why
+    assert exploits[0]["explored"] == "perturbed", exploits[0]
+    assert exploits[0]["pb2"]["fallback"] in ("the donor has no score to begin from",
+                                              f"{exploits[0]['pb2'].get('observations')} segments ended, fewer than 3")
     spaces = {"algo.sigma": parse("algo.sigma", "tag(log, interval(0.002, 0.5))", 0, [0.8, 1.2], integer=False),
               "algo.learning_rate": parse("algo.learning_rate", "tag(log, interval(1e-4, 0.2))", 0, [0.8, 1.2],
                                           integer=False)}

@@ -43,18 +43,20 @@ class Observation:
 
 
 def suggest(observations: list[Observation], timesteps: float, before: float, running: list[tuple],
-            around: tuple, radius: float, rng: np.random.Generator) -> Optional[tuple[np.ndarray, dict]]:
+            around: tuple, radius: float, rng: np.random.Generator) -> tuple[Optional[np.ndarray], dict]:
     """The settings in [0, 1] (one per dimension of the observations' ``unit``), within ``radius`` of ``around``
     (the donor's), with the highest upper confidence bound of the change from score ``before`` in a segment
     ending at ``timesteps``, given the settings other members run with now (``running``), and what the process
-    said of them (``observations``, its predicted ``mean`` and ``std`` of the standardised change); None with too
-    few observations, or all alike."""
+    said of them (``observations``, its predicted ``mean`` and ``std`` of the standardised change). No settings
+    where the process chooses none, and ``fallback`` says why: too few observations, all alike, or a kernel
+    matrix that would not factor."""
+    seen = {"observations": len(observations)}
     if len(observations) < MIN_OBSERVATIONS:
-        return None
+        return None, {**seen, "fallback": f"{len(observations)} segments ended, fewer than {MIN_OBSERVATIONS}"}
     fixed = np.array([[o.timesteps, o.before] for o in observations], dtype=float)
     change = np.array([o.change for o in observations], dtype=float)
     if np.ptp(change) == 0:
-        return None
+        return None, {**seen, "fallback": "every segment's score changed alike"}
     low, span = fixed.min(axis=0), np.where(np.ptp(fixed, axis=0) > 0, np.ptp(fixed, axis=0), 1.0)
     x = np.hstack([(fixed - low) / span, np.array([o.unit for o in observations], dtype=float)])
     # standardised and clipped as PB2's: one run's leap does not flatten every other difference
@@ -67,7 +69,7 @@ def suggest(observations: list[Observation], timesteps: float, before: float, ru
         widths = _Posterior(np.vstack([x, pending]), np.concatenate([y, np.zeros(len(pending))]), theta) \
             if len(pending) else model
     except np.linalg.LinAlgError:  # not positive definite even with the fitted noise: perturbed instead
-        return None
+        return None, {**seen, "fallback": "the kernel matrix was not positive definite"}
     kappa = math.sqrt(0.2 + max(0.0, math.log(0.4 * len(x))))  # GP-UCB's beta_t as PB2 sets it
 
     def negative_bound(u):
@@ -84,8 +86,7 @@ def suggest(observations: list[Observation], timesteps: float, before: float, ru
         if found.fun < best_value:
             best, best_value = np.clip(found.x, floor, ceiling), found.fun
     point = np.concatenate([at, best])[None, :]
-    return best, {"observations": len(observations), "mean": float(model.mean(point)[0]),
-                  "std": float(model.std(point)[0])}
+    return best, {**seen, "mean": float(model.mean(point)[0]), "std": float(model.std(point)[0])}
 
 
 def kernel(a: np.ndarray, b: np.ndarray, variance: float, lengthscale: float, epsilon: float) -> np.ndarray:

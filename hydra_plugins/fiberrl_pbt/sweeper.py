@@ -258,7 +258,7 @@ class PBTSweeper(Sweeper):
         settings = dict(source.settings)
         events = []
         if donor is not None:
-            settings, chosen = self._explore(member, source, rng)
+            settings, said = self._explore(member, source, rng)
             if damaged:
                 print(f"pbt: member {member.index}'s checkpoint is damaged ({damaged}); it goes on from a copy of "
                       f"member {donor}'s", flush=True)
@@ -267,7 +267,7 @@ class PBTSweeper(Sweeper):
                            "from": donor, "to": member.index, "from_score": self._donor_score(source, p_value),
                            "to_score": current.score(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None,
-                           **({"explored": "pb2" if chosen else "perturbed", **({"pb2": chosen} if chosen else {})}
+                           **({"explored": "perturbed" if "fallback" in said else "pb2", "pb2": said}
                               if self.explore == "pb2" else {}),
                            # what the t-test compared: the donor's values up to the point copied, and its own
                            **({"p_value": p_value, "from_values": source.history,
@@ -284,11 +284,14 @@ class PBTSweeper(Sweeper):
 
     def _explore(self, member: Member, source, rng) -> tuple[dict, Optional[dict]]:
         """The donor's settings explored: each perturbed or resampled; with ``explore=pb2``, the intervals' chosen by
-        PB2's process from every segment ended so far (the choices' perturbed), or all perturbed while too few have
-        ended. Returns them and what the process said of its choice (None: it did not choose)."""
+        PB2's process from every segment ended so far (the choices' perturbed), or all perturbed where it chooses
+        none. Returns them and, with ``explore=pb2``, what the process said (its ``fallback``: why it chose none)."""
         settings = dict(source.settings)
         intervals = [m for m in self.mutations if not m.choices]
-        if self.explore == "pb2" and source.history:
+        if self.explore == "pb2" and not source.history:
+            return ({m.key: m.explore(settings[m.key], rng) for m in self.mutations},
+                    {"fallback": "the donor has no score to begin from"})
+        if self.explore == "pb2":
             # the settings others go on with: generational, those decided at this ready point (begun, or ended while
             # a stopped sweep was away); asynchronous, those running
             running = [tuple(m.unit(other.current.settings[m.key]) for m in intervals) for other in self.members
@@ -300,11 +303,12 @@ class PBTSweeper(Sweeper):
             found = suggest(seen, source.timesteps + self.interval,
                             sum(source.history) / len(source.history), running,
                             tuple(m.unit(settings[m.key]) for m in intervals), self.pb2_radius, rng)
-            if found is not None:
-                shares, said = found
+            shares, said = found
+            if shares is not None:
                 chosen = {m.key: m.from_unit(float(share)) for m, share in zip(intervals, shares)}
                 return {m.key: chosen[m.key] if m.key in chosen else m.explore(settings[m.key], rng)
                         for m in self.mutations}, said
+            return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, said
         return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, None
 
     def _observations(self, intervals: list[Mutation], up_to: Optional[int] = None) -> list[Observation]:
