@@ -288,10 +288,10 @@ class PBTSweeper(Sweeper):
         none. Returns them and, with ``explore=pb2``, what the process said (its ``fallback``: why it chose none)."""
         settings = dict(source.settings)
         intervals = [m for m in self.mutations if not m.choices]
+        said = None
         if self.explore == "pb2" and not source.history:
-            return ({m.key: m.explore(settings[m.key], rng) for m in self.mutations},
-                    {"fallback": "the donor has no score to begin from"})
-        if self.explore == "pb2":
+            said = {"fallback": "the donor has no score to begin from"}
+        elif self.explore == "pb2":
             # the settings others go on with: generational, those decided at this ready point (begun, or ended while
             # a stopped sweep was away); asynchronous, those running
             running = [tuple(m.unit(other.current.settings[m.key]) for m in intervals) for other in self.members
@@ -300,16 +300,14 @@ class PBTSweeper(Sweeper):
                         else other.current.state == "running")]
             # generational: the segments of this ready point and before (not those a stopped sweep's jobs ended since)
             seen = self._observations(intervals, member.current.index if self.synchronous else None)
-            found = suggest(seen, source.timesteps + self.interval,
-                            sum(source.history) / len(source.history), running,
-                            tuple(m.unit(settings[m.key]) for m in intervals), self.pb2_radius, rng)
-            shares, said = found
+            shares, said = suggest(seen, source.timesteps + self.interval,
+                                   sum(source.history) / len(source.history), running,
+                                   tuple(m.unit(settings[m.key]) for m in intervals), self.pb2_radius, rng)
             if shares is not None:
                 chosen = {m.key: m.from_unit(float(share)) for m, share in zip(intervals, shares)}
                 return {m.key: chosen[m.key] if m.key in chosen else m.explore(settings[m.key], rng)
                         for m in self.mutations}, said
-            return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, said
-        return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, None
+        return {m.key: m.explore(settings[m.key], rng) for m in self.mutations}, said
 
     def _observations(self, intervals: list[Mutation], up_to: Optional[int] = None) -> list[Observation]:
         """PB2's data: each ended segment (up to each member's ``up_to``-th) that began from a score, with the change
