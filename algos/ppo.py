@@ -136,8 +136,8 @@ class Config:
     learners: int = setting(1, at_least(1))
     # DD-PPO's preemption threshold: once this share of the learners has its rollout, the others end theirs
     # (after a quarter of its steps at least); None: every rollout is whole
-    preempt_share: float | None = setting(None, optional(between(0, 1).because("a share of the learners"),
-                                                         "whole rollouts"))
+    preempt_share: float | None = setting(None, optional(between(0, 1, include_low=False).because(
+        "a share of the learners; at 0 every rollout would be cut short"), "whole rollouts"))
     # times a run of several learners starts the Ring again from its last checkpoint after a learner died
     ring_restarts: int = setting(3, at_least(0))
 

@@ -65,11 +65,12 @@ def finite() -> Rule:
     return Rule(_number, "must be a finite number")
 
 
-def between(low: float, high: float, include_high: bool = True) -> Rule:
-    """A number from ``low`` to ``high``; ``include_high=False`` leaves ``high`` out."""
+def between(low: float, high: float, include_high: bool = True, include_low: bool = True) -> Rule:
+    """A number from ``low`` to ``high``; ``include_high=False`` leaves ``high`` out, ``include_low=False`` ``low``."""
     def allows(value) -> bool:
-        return _number(value) and low <= value and (value <= high if include_high else value < high)
-    return Rule(allows, f"must be a number in [{low}, {high}{']' if include_high else ')'}")
+        return (_number(value) and (low <= value if include_low else low < value)
+                and (value <= high if include_high else value < high))
+    return Rule(allows, f"must be a number in {'[' if include_low else '('}{low}, {high}{']' if include_high else ')'}")
 
 
 def one_of(*choices: str) -> Rule:

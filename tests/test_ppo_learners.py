@@ -220,6 +220,37 @@ def test_a_learner_that_keeps_dying_ends_the_run_after_the_restarts_allowed(tmp_
     assert "(restart 1 of algo.ring_restarts=1)" in capsys.readouterr().out
 
 
+def test_a_learner_that_raises_ends_the_run_with_its_error_and_no_restart(tmp_path, capsys):
+    """An error that would happen again (learner 1's env raises at its 20th step) is not a lost learner: the run
+    ends with it, naming the learner, and the Ring is not started again."""
+    with pytest.raises(mp.RingError) as caught:
+        _train(tmp_path, "raised", ["env.id=helpers.failing_env:Failing-v0", "env.engine=gymnasium", "workers=2",
+                                    "algo.learners=2", "algo.envs_per_worker=1", "algo.num_steps=32",
+                                    "algo.total_timesteps=640", "algo.num_minibatches=2"])
+    assert "Ring member rank 1 failed" in str(caught.value), caught.value
+    assert "the env failed on purpose" in str(caught.value.__cause__), caught.value.__cause__
+    assert "starting the Ring again" not in capsys.readouterr().out
+
+
+def test_what_the_ring_starts_again_after_is_a_lost_learner():
+    """A death or silence (no cause), or a member's collective failing because another went, is a lost learner;
+    an error of the member's own is not."""
+    from fiberrl.algos.on_policy.ring_learners import _a_learner_lost
+    from fiberrl.runtime.primitives.host_sum import HostSumError
+
+    def failed(cause):
+        error = mp.RingError("Ring member rank 0 failed", 0)
+        error.__cause__ = cause
+        return error
+    assert _a_learner_lost(mp.RingError("Ring member rank 1 exited with code -9 (killed by SIGKILL)", 1))
+    assert _a_learner_lost(failed(HostSumError("member 1 died before the sum", 1)))
+    assert _a_learner_lost(failed(torch.distributed.DistBackendError("NCCL error: remote process exited")))
+    assert _a_learner_lost(failed(RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                                               "Connection closed by peer [127.0.0.1]:40129")))
+    assert not _a_learner_lost(failed(ValueError("the env failed on purpose")))
+    assert not _a_learner_lost(failed(torch.OutOfMemoryError("CUDA out of memory")))
+
+
 @pytest.mark.slow
 def test_a_stragglers_rollout_is_cut_short_once_the_others_have_theirs(tmp_path):
     # learner 1's env servers take 20 ms a step; learner 0's, a fraction of one
@@ -244,7 +275,9 @@ def test_a_stragglers_rollout_is_cut_short_once_the_others_have_theirs(tmp_path)
     (["workers=2", "algo.learners=2", "algo.async_rollouts=true"], "algo.async_rollouts=true and algo.learners=2 "
                                                                    "do not go together"),
     (["algo.preempt_share=0.6"], "with algo.learners=1 there are none"),
-    (["algo.preempt_share=1.5", "algo.learners=2"], "algo.preempt_share=1.5: must be a number in [0, 1]"),
+    (["algo.preempt_share=1.5", "algo.learners=2"], "algo.preempt_share=1.5: must be a number in (0, 1]"),
+    (["algo.preempt_share=0", "algo.learners=2"], "algo.preempt_share=0.0: must be a number in (0, 1] (a share of "
+                                                  "the learners; at 0 every rollout would be cut short)"),
     ([f"workers={2 * (os.cpu_count() or 1) + 2}", f"algo.learners={(os.cpu_count() or 1) + 1}"],
      f"the local backend gives each learner a core and this machine has {os.cpu_count()}"),
 ])

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from fiberrl.runtime import Queue, Ring, RingError, meta
 from fiberrl.runtime.backends import resolve_name
+from fiberrl.runtime.primitives.host_sum import HostSumError
 from fiberrl.runtime.processes import stop_signal
 from fiberrl.training import TrainingLoop
 from fiberrl.validation import UsageError
@@ -108,11 +109,20 @@ def train_on_ring(cfg, run, learn, check, on_iteration=None) -> dict:
         except RingError as exc:
             if isinstance(exc.__cause__, UsageError):
                 raise exc.__cause__ from None
-            if exc.__cause__ is not None or restarts == algo.ring_restarts:
+            if not _a_learner_lost(exc) or restarts == algo.ring_restarts:
                 raise
             restarts += 1
             run.console.print(f"{exc}; starting the Ring again from the run's last checkpoint "
                               f"(restart {restarts} of algo.ring_restarts={algo.ring_restarts})")
+
+
+def _a_learner_lost(exc: RingError) -> bool:
+    """Whether the Ring ended because a member was lost (it died, or went unheard), which starting again from the
+    checkpoint gets past, rather than because one raised, which would happen again.  One that raised in a
+    collective (gloo's transport, a HostSumError, torch.distributed's own errors) raised because another was
+    lost, whose death the Ring had not seen yet."""
+    cause = exc.__cause__
+    return cause is None or isinstance(cause, (HostSumError, dist.DistError)) or "gloo/transport" in str(cause)
 
 
 def _drive(cfg, loop: TrainingLoop, saved, learn, on_iteration) -> dict:
@@ -177,8 +187,9 @@ def _report(reports, thread: threading.Thread, outcome: dict, kind: str, update:
                 report = reports.get(timeout=_POLL_S)
             except queue.Empty:
                 thread.join()
-                if "error" in outcome:
-                    raise outcome["error"] from None
+                if "error" in outcome:  # with its cause, which says whether a member raised or was lost
+                    outcome["error"].__suppress_context__ = True
+                    raise outcome["error"]
                 raise RuntimeError(f"the learners' Ring ended without reporting update {update}") from None
         if report[0] != kind:
             raise RuntimeError(f"the learners' Ring reported {report[0]!r} where {kind!r} of update {update} was due")
@@ -255,7 +266,7 @@ class MemberLoop:
             if command[0] == "state":
                 parts = self.peers.gather(state())
                 if self.reports is not None:
-                                self.reports.put(("state", checkpoint.merge(parts)))
+                    self.reports.put(("state", checkpoint.merge(parts)))
             elif command[0] == "end":
                 return command[1]
 
