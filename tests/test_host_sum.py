@@ -6,6 +6,7 @@ import functools
 import glob
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_members_of_one_host_get_the_same_sum_as_numpys_in_rank_order_call_after
             expected = expected + _values(rank, call, dtype)
         for rank in range(size):  # the same bits on every member
             np.testing.assert_array_equal(per_rank[rank][call], expected)
-    # the file was unlinked once every member had it open
+    # nothing in /dev/shm: the memory was rank 0's memfd, gone with the members
     assert not glob.glob("/dev/shm/fiberrl-host-sum-*")
 
 
@@ -71,6 +72,24 @@ def test_a_member_killed_before_a_sum_is_named_by_the_others_at_once():
         mp.Ring(3, _one_dies, _join).run()
     # the others raised too; the Ring names the member that died, the cause
     assert caught.value.rank == 1, caught.value
+
+
+def _rank_0_killed_while_the_others_join(rank: int, size: int) -> None:
+    if rank == 0:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    else:
+        time.sleep(2)  # rank 0 dies waiting for this one to open its memory
+    HostSum.join(_node.store, rank, size, 64, "test")
+
+
+def test_rank_0_killed_while_the_others_join_leaves_nothing_behind():
+    """Killed between making the memory and the others' opening it, rank 0 left a file in /dev/shm: now
+    there is none to leave."""
+    before = set(glob.glob("/dev/shm/*"))
+    with pytest.raises(mp.RingError) as caught:
+        mp.Ring(2, _rank_0_killed_while_the_others_join, _join).run()
+    assert caught.value.rank == 0, caught.value
+    assert set(glob.glob("/dev/shm/*")) <= before
 
 
 def _survivor_sees(rank: int, size: int):

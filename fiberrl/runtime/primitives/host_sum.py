@@ -12,10 +12,12 @@ A member waiting for the others spins briefly, then yields its core, then sleeps
 holds a lock on a byte of the file, which its kernel drops when it dies, so the others raise at once
 (``HostSumError`` naming it) instead of waiting out ``timeout``.
 
-``join`` gives every member None, and the caller keeps to torch.distributed, where the members do not share
-a host (each container of one machine has its own ``/dev/shm`` too) or the machine is not x86-64: the
-counter is published by a plain store after the slot's plain stores, which x86-64 keeps in order and weaker
-memory models do not.
+The memory is rank 0's memfd, which the others open through ``/proc/<pid>/fd``: it has no name in a file
+system, so it goes with the last member that holds it, however the members end (a file in ``/dev/shm`` was
+left behind when rank 0 was killed while the others opened it).  ``join`` gives every member None, and the
+caller keeps to torch.distributed, where the members do not share a host and its processes (a container of
+its own sees none of the others') or the machine is not x86-64: the counter is published by a plain store
+after the slot's plain stores, which x86-64 keeps in order and weaker memory models do not.
 """
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ _TOKEN_BYTES = 16
 _SPIN_S, _YIELD_S, _SLEEP_S = 50e-6, 2e-3, 50e-6
 # how often a member still waiting looks whether the late ones are alive
 _ALIVE_CHECK_S = 0.05
-_FOLDER = "/dev/shm"
 
 
 class HostSumError(RuntimeError):
@@ -62,20 +63,17 @@ class HostSum:
         """Every member calls this together; all get a HostSum, or all None (see the module).  ``store`` is the
         group's torch.distributed store; ``tag`` names this sum among others of the same group."""
         key = f"fiberrl/host_sum/{tag}"
-        name = opened = None
         if rank == 0:
-            name, token = cls._create(size, nbytes)
-            store.set(f"{key}/name", f"{name} {token.hex()}" if name else "")
-            opened = cls._open(name, token, rank) if name else None
+            opened, token = cls._create(size, nbytes)
+            store.set(f"{key}/name", f"{_processes()} {os.getpid()} {opened[0]} {token.hex()}" if opened else "")
         else:
-            published = store.get(f"{key}/name").decode()
+            opened, published = None, store.get(f"{key}/name").decode()
             if published:
-                shared, token = published.split()
-                opened = cls._open(shared, bytes.fromhex(token), rank)
+                processes, pid, fd, token = published.split()
+                if processes == _processes():  # elsewhere, its pid is another process's, or none
+                    opened = cls._open(f"/proc/{pid}/fd/{fd}", bytes.fromhex(token), rank)
         store.set(f"{key}/opened/{rank}", "1" if opened is not None else "0")
         everyone = all(store.get(f"{key}/opened/{r}") == b"1" for r in range(size))
-        if name:  # every member has opened it or given up: nothing is left in /dev/shm, whoever dies later
-            _unlink(name)
         if not everyone:
             if opened is not None:
                 opened[1].close()
@@ -84,30 +82,35 @@ class HostSum:
         return cls(*opened, rank, size, nbytes, timeout)
 
     @staticmethod
-    def _create(size: int, nbytes: int) -> tuple[str | None, bytes]:
+    def _create(size: int, nbytes: int) -> tuple[tuple[int, mmap.mmap] | None, bytes]:
+        """Rank 0's memfd, mapped and its lock held; None where there can be none."""
         token = secrets.token_bytes(_TOKEN_BYTES)
-        if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isdir(_FOLDER):
+        if platform.machine().lower() not in ("x86_64", "amd64") or not hasattr(os, "memfd_create"):
             return None, token
-        name = os.path.join(_FOLDER, f"fiberrl-host-sum-{secrets.token_hex(8)}")
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.memfd_create("fiberrl-host-sum", os.MFD_CLOEXEC)
         except OSError:
             return None, token
         try:
             os.ftruncate(fd, _LINE * (1 + size) + 2 * size * _stride(nbytes))
             os.pwrite(fd, token, 0)
+            buffer = mmap.mmap(fd, 0)
         except OSError:
-            _unlink(name)
-            return None, token
-        finally:
             os.close(fd)
-        return name, token
+            return None, token
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _TOKEN_BYTES)
+        except OSError:
+            buffer.close()
+            os.close(fd)
+            return None, token
+        return (fd, buffer), token
 
     @staticmethod
-    def _open(name: str, token: bytes, rank: int) -> tuple[int, mmap.mmap] | None:
+    def _open(path: str, token: bytes, rank: int) -> tuple[int, mmap.mmap] | None:
         try:
-            fd = os.open(name, os.O_RDWR)
-        except OSError:  # another host's, or another container's /dev/shm
+            fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+        except OSError:  # rank 0 is gone, or its processes are not this one's to open
             return None
         try:
             buffer = mmap.mmap(fd, 0)
@@ -177,8 +180,11 @@ def _stride(nbytes: int) -> int:
     return -(-nbytes // _LINE) * _LINE
 
 
-def _unlink(name: str) -> None:
+def _processes() -> str:
+    """Which processes a pid names here: this kernel (its boot) and pid namespace."""
     try:
-        os.unlink(name)
-    except FileNotFoundError:
-        pass
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:  # no way to tell: none other matches it
+        return f"unknown-{secrets.token_hex(8)}"
