@@ -622,11 +622,13 @@ def test_an_asynchronous_sweep_survives_a_killed_member_and_resumes_after_it_is_
     assert any("its job died (killed by SIGKILL)" in line and line.endswith("starting it again from its checkpoint")
                for line in (out + err).splitlines()), out + err
     before = lineage(sweep_dir)
+    with open(sweep_dir / "pbt.jsonl", "a") as fh:  # as a kill in the middle of writing a record leaves it
+        fh.write('{"event": "segment", "member": 0, "segm')
 
     code, out, err = sweep(args)
     assert code == 0, err
     assert out.splitlines()[0].endswith("(resumed)")
-    events = lineage(sweep_dir)
+    events = lineage(sweep_dir)  # every line a record: the cut one dropped, none glued to it
     assert events[:len(before)] == before  # the lineage is kept, and goes on
     segments = [(e["member"], e["segment"]) for e in events if e["event"] == "segment"]
     assert len(segments) == len(set(segments))
@@ -795,6 +797,10 @@ def test_ppo_members_exploit_with_their_normalisers_and_optimizer(tmp_path):
     (["hydra.sweeper.selection=ttest", "hydra.sweeper.window=1"],
      "hydra.sweeper.window=1: selection=ttest compares two members' last `window` values with Welch's t-test"),
     (["hydra.sweeper.final_episodes=-1"], "hydra.sweeper.final_episodes=-1: must be 0 (name the best member by"),
+    (["hydra.sweeper.final_seed=-1"], "hydra.sweeper.final_seed=-1: must be 0 or more"),
+    (["algo=ppo", "algo.target_kl=interval(0.01,0.05)"],
+     "algo.target_kl starts at null, which cannot be perturbed within algo.target_kl in [0.01, 0.05]; give it a "
+     "start (algo.target_kl=...) or hydra.sweeper.sample_initial=true"),
     (["hydra.sweeper.ranking=later"], "hydra.sweeper.ranking=later: must be now (the others as they are now) or "
                                       "ready"),
     (["hydra.sweeper.explore=anneal"], "hydra.sweeper.explore=anneal: must be perturb (PBT's random perturbations) "

@@ -102,6 +102,8 @@ class SweepTable:
         if self.live is not None:
             self.live.update(self._render(rows))
             self.live.stop()
+        if not rows:  # a sweep refused before its first run: the folder may be another sweep's, table and all
+            return
         with open(self.sweep_dir / "sweep.csv", "w", newline="") as fh:
             writer = csv.DictWriter(fh, COLUMNS, extrasaction="ignore")
             writer.writeheader()

@@ -27,6 +27,12 @@ class Mutation:
     factors: tuple[float, ...] = (0.8, 1.2)
     integer: bool = False             # the setting holds an int
 
+    def exploration(self) -> str:
+        """How it is explored where that is not the usual (resampled with probability 0.25, else x0.8 or x1.2)."""
+        usual = self.resample == 0.25 and (self.choices or self.factors == (0.8, 1.2))
+        return "" if usual else (f", resampled with p={self.resample:g}" +
+                                 ("" if self.choices else f", else x {' or x '.join(map(_short, self.factors))}"))
+
     def describe(self) -> str:
         space = (f"{'log ' if self.log else ''}[{_short(self.low)}, {_short(self.high)}]" if not self.choices
                  else "{" + ", ".join(map(_short, self.choices)) + "}")
@@ -85,8 +91,11 @@ class Mutation:
     def fit(self, value: float):
         """``value`` kept in the interval, as the setting's type and a command line take it."""
         value = min(max(value, self.low), self.high)
-        # 6 significant digits: the value goes on a command line and into pbt.jsonl as it is
-        return int(round(value)) if self.integer else float(f"{value:.6g}")
+        if self.integer:
+            return int(round(value))
+        # 6 significant digits: the value goes on a command line and into pbt.jsonl as it is (an end that 6 digits
+        # would round out of the space stays as it is)
+        return min(max(float(f"{value:.6g}"), self.low), self.high)
 
 
 def parse(key: str, spec: Any, resample: float, factors, integer: bool) -> Mutation:
@@ -102,7 +111,11 @@ def parse(key: str, spec: Any, resample: float, factors, integer: bool) -> Mutat
         spec = spec["space"]
     if not isinstance(resample, (int, float)) or not 0 <= resample <= 1:
         raise MutationError(f"{key}: resample probability {resample!r} must be in [0, 1]")
-    factors = tuple(factors)
+    try:
+        factors = tuple(factors)
+    except TypeError:  # one number
+        raise MutationError(f"{key}: perturbation factors {factors!r} must be a list of positive numbers, e.g. "
+                            f"[0.8, 1.2]") from None
     if not factors or any(not isinstance(f, (int, float)) or f <= 0 for f in factors):
         raise MutationError(f"{key}: perturbation factors {list(factors)} must be positive numbers, at least one")
     try:

@@ -176,6 +176,11 @@ def welch_p_value(candidate: list[float], own: list[float], maximize: bool) -> f
     """One-sided p-value of Welch's t-test that ``candidate``'s mean is above ``own``'s (below, if not
     ``maximize``). Two samples without spread: 0 if the candidate's mean is better, else 1."""
     from scipy import stats  # only a sweep that selects by t-test needs it
+    # a run gone to NaN is logged as the worst value there is (the sweeper's): never better, and worse than any other
+    if not all(map(math.isfinite, candidate)):
+        return 1.0
+    if not all(map(math.isfinite, own)):
+        return 0.0
     if len(set(candidate)) == 1 and len(set(own)) == 1:
         better = candidate[0] - own[0]
         return 0.0 if (better > 0 if maximize else better < 0) else 1.0

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import numpy as np
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -82,14 +82,16 @@ class PBTSweeper(Sweeper):
         try:
             self._prepare(arguments)
             self.launcher.open(self.population)
-            resumed = self._replay()
         except (PBTError, SweepError, MutationError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        print(self._first_line(resumed), flush=True)
-        self._started = time.time()
-        self._pending: dict[Any, Segment] = {}
-        try:
+            _refuse(exc)
+        try:  # the launcher is open: closed however the sweep ends, a refused resume too
+            try:
+                resumed = self._replay()
+            except (PBTError, SweepError, MutationError) as exc:
+                _refuse(exc)
+            print(self._first_line(resumed), flush=True)
+            self._started = time.time()
+            self._pending: dict[Any, Segment] = {}
             done_while_stopped = []
             for member in self.members:
                 if not member.segments:
@@ -265,7 +267,7 @@ class PBTSweeper(Sweeper):
             events.append({"event": "exploit", "time": time.time(), "elapsed_s": round(time.time() - self._started, 3),
                            "timesteps": current.timesteps, "from_timesteps": source.timesteps,
                            "from": donor, "to": member.index, "from_score": self._donor_score(source, p_value),
-                           "to_score": current.score(self.window), "old": current.settings, "new": settings,
+                           "to_score": current.ranked_at(self.window), "old": current.settings, "new": settings,
                            "checkpoint": source.checkpoint, "damaged": damaged or None,
                            **({"explored": "perturbed" if "fallback" in said else "pb2", "pb2": said}
                               if self.explore == "pb2" else {}),
@@ -275,7 +277,8 @@ class PBTSweeper(Sweeper):
         segment = Segment(member.index, current.index + 1, self._job(), folder, source.seed, settings,
                           until=source.timesteps + self.interval, start_from=source.checkpoint,
                           start_timesteps=source.timesteps, carried=list(source.history),
-                          stands_at=current.score(self.window) if donor is not None else None, ranked_top=ranked_top)
+                          stands_at=current.ranked_at(self.window) if donor is not None else None,
+                          ranked_top=ranked_top)
         if donor is None:
             self._copy_checkpoint(self.sweep_dir / source.checkpoint, segment.folder)
         member.segments.append(segment)
@@ -322,6 +325,8 @@ class PBTSweeper(Sweeper):
                 carried = segment.carried[-self.window:]
                 before = sum(carried) / len(carried)
                 change = sign * (segment.score(self.window) - before) / (segment.timesteps - segment.start_timesteps)
+                if not math.isfinite(change):  # a run gone to NaN, scored as the worst there is: no rate of change
+                    continue
                 found.append(Observation(segment.timesteps, before,
                                          tuple(m.unit(segment.settings[m.key]) for m in intervals), change))
         return found
@@ -387,6 +392,12 @@ class PBTSweeper(Sweeper):
                            f"{', '.join(m.describe() for m in self.mutations)} holds none; give an interval(...) or "
                            f"explore=perturb")
         self.start = {m.key: OmegaConf.select(base, m.key) for m in self.mutations}
+        for mutation in self.mutations:
+            start = self.start[mutation.key]
+            if not self.sample_initial and not mutation.choices and not _number(start):
+                raise PBTError(f"hydra.sweeper.params: {mutation.key} starts at {_value(start)}, which cannot be "
+                               f"perturbed within {mutation.describe()}; give it a start ({mutation.key}=...) or "
+                               f"hydra.sweeper.sample_initial=true")
         if self.metric not in LOOP_METRICS | record.metrics:
             raise PBTError(f"hydra.sweeper.metric={self.metric}: algo={record.name} does not write it; it writes "
                            f"{', '.join(sorted(LOOP_METRICS | record.metrics))}")
@@ -425,7 +436,9 @@ class PBTSweeper(Sweeper):
                ("significance", self.significance, 0 < self.significance < 1, "in (0, 1): the p-value below "
                                                                                "which a t-test copies"),
                ("final_episodes", self.final_episodes, self.final_episodes >= 0,
-                "0 (name the best member by the ranking metric) or more episodes of each final policy")]
+                "0 (name the best member by the ranking metric) or more episodes of each final policy"),
+               ("final_seed", self.final_seed, self.final_seed >= 0, "0 or more (episode i is reset with "
+                                                                      "final_seed + i, and a seed is never negative)")]
         for name, value, ok, rule in bad:
             if not ok:
                 raise PBTError(f"hydra.sweeper.{name}={value}: must be {rule}")
@@ -473,12 +486,13 @@ class PBTSweeper(Sweeper):
         return {"population": self.population, "interval": self.interval, "burn_in": self.burn_in,
                 "metric": self.metric, "mode": self.mode, "window": self.window, "quantile": self.quantile,
                 "synchronous": self.synchronous, "seed": self.decision_seed, "base_seed": self.base_seed,
-                "mutations": [m.describe() for m in self.mutations], "fixed": self.fixed,
+                "mutations": [m.describe() + m.exploration() for m in self.mutations], "fixed": self.fixed,
                 # only when not the default, so that a sweep begun before t-test selection existed resumes
                 **({"selection": self.selection, "significance": self.significance}
                    if self.selection != "truncation" else {}),
                 **({"ranking": self.ranking} if self.ranking != "now" else {}),
-                **({"explore": self.explore, "pb2_radius": self.pb2_radius} if self.explore != "perturb" else {})}
+                **({"explore": self.explore, "pb2_radius": self.pb2_radius} if self.explore != "perturb" else {}),
+                **({"sample_initial": True} if self.sample_initial else {})}
 
     def _replay(self) -> bool:
         """The members as ``pbt.jsonl`` left them; a new sweep writes its header. True when resumed."""
@@ -486,12 +500,28 @@ class PBTSweeper(Sweeper):
         self.finals: dict = {}  # (member, segment, episodes, seed) -> its "final" record
         path = self.sweep_dir / LINEAGE
         events = _read_lineage(path)
+        if events and events[0].get("settings") != json.loads(json.dumps(self._settings_record())):
+            raise PBTError(f"{self.sweep_dir} holds a PBT sweep with other settings ({path}'s first line); choose "
+                           f"another hydra.sweep.dir, or run that sweep's own command to resume it")
+        _drop_cut_line(path)
         if not events:
             self._record({"event": "sweep", "time": time.time(), "settings": self._settings_record()})
             return False
-        if events[0].get("settings") != json.loads(json.dumps(self._settings_record())):
-            raise PBTError(f"{self.sweep_dir} holds a PBT sweep with other settings ({path}'s first line); choose "
-                           f"another hydra.sweep.dir, or run that sweep's own command to resume it")
+        try:
+            self._replay_events(events)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise PBTError(f"{path}: a record does not fit the ones before it ({type(exc).__name__}: {exc}); the "
+                           f"file is damaged, so the sweep cannot be resumed from it: choose another "
+                           f"hydra.sweep.dir") from None
+        for member in self.members:  # a next segment begun but not recorded: its folder is begun again
+            if member.segments:
+                following = self._folder(member.index, member.current.index + 1)
+                if following.exists():
+                    shutil.rmtree(following)
+        return True
+
+    def _replay_events(self, events: list[dict]) -> None:
+        """The members as the records after the header left them."""
         for event in events[1:]:
             kind = event.get("event")
             if kind == "segment":
@@ -510,12 +540,6 @@ class PBTSweeper(Sweeper):
                 segment.state, segment.why = "failed", event["why"]
             elif kind == "final":
                 self.finals[(event["member"], event["segment"], event["episodes"], event["seed"])] = event
-        for member in self.members:  # a next segment begun but not recorded: its folder is begun again
-            if member.segments:
-                following = self._folder(member.index, member.current.index + 1)
-                if following.exists():
-                    shutil.rmtree(following)
-        return True
 
     def _record(self, *events: dict) -> None:
         """Appended and synced before what they say is done: a sweep killed at any point replays them."""
@@ -535,6 +559,10 @@ class PBTSweeper(Sweeper):
                 **({"ranked_top": segment.ranked_top} if self.ranking == "ready" else {})}
 
     # --- a segment's files -----------------------------------------------------------------------
+    @property
+    def _worst(self) -> float:
+        return -math.inf if self.mode == "max" else math.inf
+
     def _metric_values(self, folder: Path) -> list[float]:
         return [value for _, value in self._metric_logged(folder)]
 
@@ -547,8 +575,10 @@ class PBTSweeper(Sweeper):
             if as_of is not None and _number(logged_at := row.get("wall_time")) and logged_at > as_of / 1e9:
                 continue
             value = row.get(self.metric)
-            if _number(value):
-                logged.append((int(row.get("timesteps", 0)), float(value)))
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                # a run gone to NaN (or infinity) ranks last, so that it copies a top member instead of staying
+                # at its last finite score, and is never copied
+                logged.append((int(row.get("timesteps", 0)), float(value) if math.isfinite(value) else self._worst))
         return logged
 
     def _newest_checkpoint(self, segment: Segment, as_of: Optional[int] = None) -> Optional[tuple[str, int]]:
@@ -738,6 +768,12 @@ class PBTSweeper(Sweeper):
         return finals
 
 
+def _refuse(exc: Exception) -> NoReturn:
+    """A sweep that cannot start or resume: its reason in one line, and Hydra's usage exit status."""
+    print(f"error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def _unreadable(path: Path) -> str:
     """Why the checkpoint at ``path`` cannot be resumed from ("": it reads whole)."""
     try:
@@ -764,21 +800,35 @@ def _read_lineage(path: Path) -> list[dict]:
     """The events of ``pbt.jsonl``; a last line cut short by a kill is dropped, any other bad line is an error."""
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")
+    lines = path.read_bytes().split(b"\n")
     events = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
-        except ValueError:
+            event = json.loads(line.decode())
+        except ValueError:  # UnicodeDecodeError too
             if number == len(lines):
                 continue
+            event = None
+        if not isinstance(event, dict):
             raise PBTError(f"{path}: line {number} is not a lineage record; the file is damaged, so the sweep "
-                           f"cannot be resumed from it: choose another hydra.sweep.dir") from None
+                           f"cannot be resumed from it: choose another hydra.sweep.dir")
+        events.append(event)
     if events and events[0].get("event") != "sweep":
         raise PBTError(f"{path}: it does not begin with the sweep's settings; choose another hydra.sweep.dir")
     return events
+
+
+def _drop_cut_line(path: Path) -> None:
+    """A last line cut short by a kill taken off ``path``, so that what the resumed sweep appends starts a line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+            os.fsync(fh.fileno())
 
 
 def _rows(path: Path) -> list[dict]:
@@ -802,7 +852,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def _value(value) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+    return repr(value) if isinstance(value, str) else "null" if value is None else str(value)
 
 
 def _names(names) -> str:
