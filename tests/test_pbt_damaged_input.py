@@ -9,17 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydra_plugins.fiberrl_pbt.mutations import MutationError, parse
+# the errors through their modules when raised: a Hydra run in this process (another test's) executes the
+# plugin modules again, and what they raise then is a class of that execution
+from hydra_plugins.fiberrl_pbt import mutations, sweeper as pbt
+from hydra_plugins.fiberrl_pbt.mutations import parse
 from hydra_plugins.fiberrl_pbt.population import Member, Segment, choose_donor, welch_p_value
-from hydra_plugins.fiberrl_pbt.sweeper import LINEAGE, PBTError, PBTSweeper
+from hydra_plugins.fiberrl_pbt.sweeper import LINEAGE, PBTSweeper
 
 
-def sweeper_in(sweep_dir: Path, mutations=(), mode: str = "max") -> PBTSweeper:
+def sweeper_in(sweep_dir: Path, mutated=(), mode: str = "max") -> PBTSweeper:
     """A sweeper set up as ``_prepare`` leaves one, its segments collected instead of run."""
     sweeper = PBTSweeper(population=2, interval=100, burn_in=0, metric="eval_reward", mode=mode, window=2,
                          quantile=0.5, params={}, resample_probability=0.25, perturb_factors=[0.8, 1.2],
                          sample_initial=False, synchronous=False, seed=0)
-    sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = sweep_dir, list(mutations), 0, 0.0
+    sweeper.sweep_dir, sweeper.mutations, sweeper.decision_seed, sweeper._started = sweep_dir, list(mutated), 0, 0.0
     sweeper.base_seed, sweeper.fixed = 0, ["algo=es"]
     sweeper.launched = []
     sweeper._launch = sweeper.launched.append
@@ -72,7 +75,7 @@ def test_a_damaged_lineage_is_one_line_and_left_as_it_was(tmp_path, damage, said
     sweeper = sweeper_in(tmp_path)
     damaged = header(sweeper).encode() + segment_record(0).encode() + damage + segment_record(1).encode()
     (tmp_path / LINEAGE).write_bytes(damaged)
-    with pytest.raises(PBTError) as caught:
+    with pytest.raises(pbt.PBTError) as caught:
         sweeper._replay()
     assert said in str(caught.value) and "choose another hydra.sweep.dir" in str(caught.value)
     assert "\n" not in str(caught.value)
@@ -85,12 +88,12 @@ def test_a_resume_with_another_exploration_is_refused(tmp_path):
     assert usual.exploration() == ""  # a sweep begun before exploration was recorded resumes
     assert other.exploration() == ", resampled with p=0.25, else x 0.5 or x 2"
     sweeper_in(tmp_path, [usual])._replay()
-    with pytest.raises(PBTError, match="holds a PBT sweep with other settings"):
+    with pytest.raises(pbt.PBTError, match="holds a PBT sweep with other settings"):
         sweeper_in(tmp_path, [other])._replay()
 
 
 def test_perturbation_factors_must_be_a_list_and_values_stay_in_their_space():
-    with pytest.raises(MutationError, match=r"perturbation factors 1.2 must be a list of positive numbers"):
+    with pytest.raises(mutations.MutationError, match=r"perturbation factors 1.2 must be a list of positive numbers"):
         parse("algo.sigma", {"space": "interval(0.01, 0.1)", "factors": 1.2}, 0.25, (0.8, 1.2), False)
     near_one = parse("algo.gae_lambda", "interval(0.8, 0.9999999)", 0.25, (0.8, 1.2), False)
     assert near_one.fit(0.9999999) == 0.9999999  # 6 digits would make it 1.0, out of its space
