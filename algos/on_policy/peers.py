@@ -7,8 +7,8 @@ PPO always has, on its own data.  ``RingPeers`` is a member of a Ring of K
 every member what one learner would compute over the K members' data taken
 together: gradients averaged over the members' minibatches (equal in size, so
 the average is the gradient of the whole minibatch; under straggler preemption a
-cut-short member's minibatches are smaller and still weigh 1/K, as DD-PPO's), advantage normalisation
-over the whole minibatch (every minibatch's of an epoch in one collective),
+cut-short member's are smaller and still weigh 1/K, as DD-PPO's), advantage
+normalisation over the whole minibatch (every minibatch's of an epoch in one collective),
 the KL that ends an update's epochs.  Observation and
 return statistics are shared once a rollout (``share``): within one, each
 member takes in its own envs' steps, so that no member waits for another at
