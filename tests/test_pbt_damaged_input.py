@@ -59,7 +59,7 @@ def test_a_lineage_cut_short_by_a_kill_resumes_and_resumes_again(tmp_path, cut):
                     json.loads(segment_record(0)))
 
     events = every_line_a_record(tmp_path / LINEAGE)
-    assert [e["event"] for e in events] == ["sweep", "segment", "failed"] if resumed else ["sweep", "segment"]
+    assert [e["event"] for e in events] == (["sweep", "segment", "failed"] if resumed else ["sweep", "segment"])
     again = sweeper_in(tmp_path)
     assert again._replay() is True and len(again.members[0].segments) == 1
 
