@@ -171,7 +171,7 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
     # capped once per update, not per minibatch step: capping each step would keep every chance fall of the
     # noisy step and drop every rise, and walk the std down to nothing (seen: std 0.6 -> 0.06 in 3.5M steps)
     log_std_before = log_std.detach().clone() if log_std is not None else None
-    clipfracs = []
+    clipfracs, reported = [], None
     for _epoch in range(algo.update_epochs):
         order = torch.as_tensor(rng.permutation(size), device=batch["obs"].device)
         # as many minibatches as every other learner takes, however short a preempted rollout left this batch
@@ -185,7 +185,8 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             with torch.no_grad():
                 old_approx_kl = (-logratio).mean()
                 approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
-                clipfracs.append(((ratio - 1.0).abs() > algo.clip_coef).float().mean().item())
+                if len(mb):
+                    clipfracs.append(((ratio - 1.0).abs() > algo.clip_coef).float().mean().item())
 
             advantages = batch["advantages"][mb]
             if algo.norm_adv:
@@ -208,7 +209,14 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             peers.average_gradients(agent.parameters())
             nn.utils.clip_grad_norm_(agent.parameters(), algo.max_grad_norm)
             optimizer.step()
-        if algo.target_kl is not None and peers.mean(approx_kl) > algo.target_kl:
+            # a preempted learner's short batch can leave minibatches empty: it steps with the others on a
+            # gradient of nothing, and reports what its last minibatch with rows gave, not an empty one's NaN
+            if len(mb):
+                reported = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
+                                old_approx_kl=old_approx_kl, approx_kl=approx_kl)
+        # every learner joins the mean; one whose minibatches were all empty measured no change: 0
+        if algo.target_kl is not None and peers.mean(
+                reported["approx_kl"] if reported else torch.zeros(())) > algo.target_kl:
             break
     if log_std is not None:
         with torch.no_grad():
@@ -217,9 +225,9 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
     y_pred, y_true = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
     var_y = np.var(y_true)
     explained_var = None if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
-    return {"losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": float(np.mean(clipfracs)),
+    return {**{f"losses/{name}": reported[name].item() if reported else None
+               for name in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")},
+            "losses/clipfrac": float(np.mean(clipfracs)) if clipfracs else None,
             "losses/explained_variance": explained_var}
 
 

@@ -119,6 +119,32 @@ def test_two_learners_with_minibatch_b_step_as_one_with_minibatch_2b(target_kl):
         assert losses["losses/approx_kl"] > target_kl  # the epochs were cut short, alike
 
 
+def _straggler_updates(rows: int, target_kl: float | None, rank: int, size: int):
+    """One update as learner ``rank``; learner 1's rollout cut short to ``rows`` rows."""
+    agent = _agent()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3, eps=1e-5)
+    batch = {k: v[:rows] if rank == 1 else v for k, v in _batch(rank).items()}
+    losses = ppo_update(agent, optimizer, batch, _settings(target_kl), _minibatch_orders(rank),
+                        RingPeers(rank, size, _node.store, 1, None))
+    return _parameters(agent), losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows, target_kl", [(2, None), (0, 1e-9)])
+def test_a_rollout_cut_shorter_than_its_minibatches_steps_with_the_others_and_reports_its_rows(rows, target_kl):
+    # learner 1 holds fewer rows than the minibatches every learner steps through: some of its are empty
+    (params, full), (params_1, short) = mp.Ring(2, functools.partial(_straggler_updates, rows, target_kl),
+                                               _join).run()
+    np.testing.assert_array_equal(params, params_1)  # still one policy
+    assert np.isfinite(params).all() and np.abs(params - _parameters(_agent())).max() > 1e-3
+    assert all(v is not None and np.isfinite(v) for v in full.values()), full
+    losses = {k: v for k, v in short.items() if k != "losses/explained_variance"}
+    if rows:
+        assert all(v is not None and np.isfinite(v) for v in losses.values()), short
+    else:  # no rows, nothing measured; and it joined the others' KL without holding them up
+        assert set(losses.values()) == {None}, short
+
+
 # --- whole runs ---------------------------------------------------------------------------------
 
 # Pendulum: Box actions, observation and reward normalisation, and every episode truncated (200 steps)
