@@ -185,8 +185,6 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             with torch.no_grad():
                 old_approx_kl = (-logratio).mean()
                 approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
-                if len(mb):
-                    clipfracs.append(((ratio - 1.0).abs() > algo.clip_coef).float().mean().item())
 
             advantages = batch["advantages"][mb]
             if algo.norm_adv:
@@ -212,6 +210,7 @@ def ppo_update(agent: Agent, optimizer, batch: dict, algo, rng: np.random.Genera
             # a preempted learner's short batch can leave minibatches empty: it steps with the others on a
             # gradient of nothing, and reports what its last minibatch with rows gave, not an empty one's NaN
             if len(mb):
+                clipfracs.append(((ratio.detach() - 1.0).abs() > algo.clip_coef).float().mean().item())
                 reported = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
                                 old_approx_kl=old_approx_kl, approx_kl=approx_kl)
         # every learner joins the mean; one whose minibatches were all empty measured no change: 0
